@@ -1,0 +1,33 @@
+# The two commands of the README: `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test fuzz lint bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first and pinned: pip takes the CPU build that lies on this machine's disk.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/qlower demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q
+
+fuzz: $(STAMP)
+	QLOWER_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q -m fuzz -p no:randomly
+
+lint: $(STAMP)
+	$(BIN)/ruff check qlower tests benchmarks
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/reference_speed.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,42 @@
+"""Reference semantics of ops that only move codes: concat, reshape, transpose, pad, slice."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from qlower.ir import Op
+from qlower.reference.registry import kernel
+
+
+@kernel("constant")
+def _constant(op: Op):
+    return op.attrs["data"]
+
+
+@kernel("concat")
+def _concat(op: Op, xs):
+    return np.concatenate(xs, axis=op.attrs["axis"])
+
+
+@kernel("reshape")
+def _reshape(op: Op, x):
+    return x.reshape(op.attrs["shape"])
+
+
+@kernel("transpose")
+def _transpose(op: Op, x):
+    return np.ascontiguousarray(np.transpose(x, op.attrs["perm"]))
+
+
+@kernel("pad")
+def _pad(op: Op, x):
+    p = op.attrs["pads"]
+    widths = [(p[2 * i], p[2 * i + 1]) for i in range(x.ndim)]
+    return np.pad(x, widths, constant_values=op.attrs["value"])
+
+
+@kernel("slice")
+def _slice(op: Op, x):
+    a = op.attrs
+    step = a["step"] or (1,) * x.ndim
+    return np.ascontiguousarray(x[tuple(slice(s0, s1, st) for s0, s1, st in zip(a["start"], a["stop"], step))])

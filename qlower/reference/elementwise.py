@@ -1,0 +1,80 @@
+"""Reference semantics of elementwise ops (integer ops exactly as TOSA 1.0 defines them)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from qlower import requant
+from qlower.ir import Op
+from qlower.reference.registry import kernel
+
+
+@kernel("rescale")
+def _rescale(op: Op, x):
+    src, out = op.operands[0].type.quant, op.attrs["out"]
+    mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])
+    return requant.rescale(x, np.asarray(src.zero_point), out.zero_point[0], mult, out.qmin, out.qmax,
+                           axis=src.axis, double_round=op.attrs["rounding"] == "double")
+
+
+@kernel("clamp")
+def _clamp(op: Op, x):
+    return np.clip(x, op.attrs["min"], op.attrs["max"]).astype(x.dtype)
+
+
+def _is_int(op: Op) -> bool:
+    return op.result.type.quant is not None
+
+
+@kernel("add")
+def _add(op: Op, a, b):
+    return a.astype(np.int64) + b if _is_int(op) else (a + b).astype(np.float32)
+
+
+@kernel("sub")
+def _sub(op: Op, a, b):
+    return a.astype(np.int64) - b if _is_int(op) else (a - b).astype(np.float32)
+
+
+@kernel("mul")
+def _mul(op: Op, a, b):
+    if not _is_int(op):
+        return (a * b).astype(np.float32)
+    prod = a.astype(np.int64) * b.astype(np.int64)
+    shift = op.attrs["shift"]
+    if shift > 0:  # TOSA MUL: round half up, then arithmetic shift
+        prod = (prod + (1 << (shift - 1))) >> shift
+    return prod
+
+
+@kernel("intdiv")
+def _intdiv(op: Op, a, b):
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    if np.any(b == 0):
+        raise ZeroDivisionError("intdiv by zero")
+    q = np.abs(a) // np.abs(b)  # truncate toward zero, as TOSA INTDIV
+    return np.where((a < 0) != (b < 0), -q, q)
+
+
+def _float_unary(kind: str, fn):
+    def run(op: Op, x):
+        return fn(x.astype(np.float64)).astype(np.float32)
+    kernel(kind)(run)
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+_float_unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)))
+_float_unary("tanh", np.tanh)
+_float_unary("exp", np.exp)
+_float_unary("erf", lambda x: _erf(x).astype(np.float64))
+_float_unary("reciprocal", lambda x: 1.0 / x)
+
+
+@kernel("softmax")
+def _softmax(op: Op, x):
+    axis = op.attrs["axis"]
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return (e / e.sum(axis=axis, keepdims=True)).astype(np.float32)

@@ -1,0 +1,113 @@
+"""Requantization: the one place where a real scale ratio becomes integers (DESIGN.md rule 5).
+
+``quantize_multiplier`` turns a ratio into a 32-bit (multiplier, shift) pair as
+TOSA RESCALE with ``scale32`` expects (ratio ≈ multiplier * 2**-shift, multiplier
+in [2**30, 2**31)); ``apply_scale_32`` and ``rescale`` apply them with TOSA 1.0
+semantics. The reference interpreter, the CPU kernels and the TOSA lowering all
+call these functions, which is why those backends are bit-exact with each other.
+
+Only NumPy is imported here, so every stage may use it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+MIN_SHIFT, MAX_SHIFT = 2, 62
+
+
+class RequantRangeError(ValueError):
+    """A value or ratio is outside what TOSA's apply_scale_32 admits."""
+
+
+@dataclass(frozen=True)
+class Multiplier:
+    """Integer form of a scale ratio: ``ratio ≈ multiplier * 2**-shift`` (per channel when arrays)."""
+
+    multiplier: np.ndarray  # int64, in [0, 2**31)
+    shift: np.ndarray       # int64, in [MIN_SHIFT, MAX_SHIFT]
+
+    @property
+    def per_channel(self) -> bool:
+        return self.multiplier.size > 1
+
+    def ratio(self) -> np.ndarray:
+        return self.multiplier.astype(np.float64) * np.exp2(-self.shift.astype(np.float64))
+
+
+def quantize_multiplier(ratio: float | np.ndarray) -> Multiplier:
+    """Nearest (multiplier, shift) with a 31-bit normalised multiplier.
+
+    The mantissa is rounded half away from zero in float64 (exact: ``m * 2**31``
+    has at most 53 significant bits). Ratios too small for shift 62 lose low
+    multiplier bits; ratios of 2**29 or more can't be expressed and raise.
+    """
+    r = np.atleast_1d(np.asarray(ratio, dtype=np.float64))
+    if np.any(~np.isfinite(r)) or np.any(r < 0):
+        raise RequantRangeError(f"scale ratio must be finite and non-negative, got {r}")
+    mant, exp = np.frexp(r)                        # r = mant * 2**exp, mant in [0.5, 1)
+    mult = np.floor(mant * 2.0**31 + 0.5).astype(np.int64)
+    carry = mult == 2**31
+    mult = np.where(carry, mult // 2, mult)
+    exp = exp + carry
+    shift = 31 - exp.astype(np.int64)
+    zero = mult == 0
+    too_small = shift > MAX_SHIFT
+    if np.any(too_small):
+        extra = shift - MAX_SHIFT
+        # Round the multiplier down to shift 62; it may reach 0, meaning "ratio ≈ 0".
+        rounding = np.left_shift(np.int64(1), np.clip(extra - 1, 0, 61))
+        mult = np.where(too_small, (mult + rounding) >> np.minimum(extra, 62), mult)
+        shift = np.where(too_small, MAX_SHIFT, shift)
+    shift = np.where(zero, MAX_SHIFT, shift)
+    if np.any(shift < MIN_SHIFT):
+        raise RequantRangeError(f"scale ratio {r.max():.6g} is too large for a 32-bit rescale (must be < 2**29)")
+    return Multiplier(mult, shift)
+
+
+def apply_scale_32(value: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,
+                   double_round: bool = False) -> np.ndarray:
+    """TOSA ``apply_scale_32``: ``(value * multiplier + round) >> shift`` in int64.
+
+    SINGLE_ROUND adds ``2**(shift-1)``, i.e. rounds half toward +inf. DOUBLE_ROUND
+    (TFLite style) adds a further ±2**30 when ``shift > 31``. Like the spec, the
+    value must lie in ``[-2**(shift-1), 2**(shift-1))``; outside it this raises.
+    """
+    value = np.asarray(value, dtype=np.int64)
+    multiplier = np.asarray(multiplier, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    half = np.left_shift(np.int64(1), shift - 1)
+    if np.any(value < -half) or np.any(value >= half):
+        raise RequantRangeError("rescale input out of range for its shift (TOSA apply_scale_32 REQUIRE)")
+    rnd = half
+    if double_round:
+        rnd = np.where((shift > 31) & (value >= 0), rnd + (1 << 30), rnd)
+        rnd = np.where((shift > 31) & (value < 0), rnd - (1 << 30), rnd)
+    return np.right_shift(value * multiplier + rnd, shift)
+
+
+def rescale(codes: np.ndarray, in_zp: np.ndarray | int, out_zp: int, mult: Multiplier,
+            qmin: int, qmax: int, axis: int | None = None, double_round: bool = False) -> np.ndarray:
+    """TOSA RESCALE followed by a clamp to [qmin, qmax]: returns int64 codes.
+
+    ``in_zp`` and the multiplier may be per channel along ``axis``.
+    """
+    codes = np.asarray(codes, dtype=np.int64)
+    m, s = mult.multiplier, mult.shift
+    zp = np.asarray(in_zp, dtype=np.int64)
+    if axis is not None:
+        shape = [1] * codes.ndim
+        shape[axis] = -1
+        m, s = m.reshape(shape), s.reshape(shape)
+        zp = zp.reshape(shape) if zp.size > 1 else zp.reshape(())
+    else:
+        m, s, zp = m.reshape(()), s.reshape(()), zp.reshape(())
+    out = apply_scale_32(codes - zp, m, s, double_round) + np.int64(out_zp)
+    return np.clip(out, qmin, qmax)
+
+
+def requantize_ratio(in_scale: np.ndarray | float, out_scale: float) -> Multiplier:
+    """Multiplier for codes in ``in_scale`` to codes in ``out_scale``."""
+    return quantize_multiplier(np.asarray(in_scale, dtype=np.float64) / np.float64(out_scale))
