@@ -1,3 +1,8 @@
 """qlower: PyTorch → int8 programs for CPUs and Arm NPUs, verified stage by stage."""
 
+from qlower.api import compile, verify
+from qlower.frontend.config import QuantConfig
+from qlower.program import Program
+
 __version__ = "0.1.0"
+__all__ = ["Program", "QuantConfig", "compile", "verify"]

@@ -32,7 +32,7 @@ class OpDef:
     attrs: dict[str, Any]          # name -> default (REQUIRED when it has none)
     infer: InferFn
     doc: str = ""
-    results: int = 1
+    results: int = 1  # -1: as many as the attributes say (delegate)
 
     def operand_is_optional(self, i: int) -> bool:
         return self.operands[i].endswith("?")
@@ -503,6 +503,18 @@ def _softmax(ops, attrs):
     (x,) = ops
     _require_float("softmax", x)
     return (x,)
+
+
+@register("delegate", ("inputs*",), results=-1, partition=REQUIRED, in_types=REQUIRED, out_types=REQUIRED)
+def _delegate(ops, attrs):
+    """A call into a compiled partition; its boundary types are what the backend reads and
+    writes (DESIGN.md rule 6), so the operands must have exactly ``in_types``."""
+    (xs,) = ops
+    want = tuple(attrs["in_types"])
+    if tuple(xs) != want:
+        raise _fail("delegate", f"partition '{attrs['partition']}' reads {[str(t) for t in want]}, "
+                                f"got {[str(t) for t in xs]}")
+    return tuple(attrs["out_types"])
 
 
 def op_docs() -> dict[str, str]:

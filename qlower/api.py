@@ -1,0 +1,70 @@
+"""The public entry points: ``compile`` and ``verify``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from qlower.backends.registry import backend_for, targets
+from qlower.frontend.config import QuantConfig
+from qlower.ir import Graph
+from qlower.program import Program
+
+DEFAULT_QUANT = QuantConfig()
+
+
+def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dict | None = None) -> Program:
+    """Partition an optimised IR graph for ``target`` and lower its partitions."""
+    if target not in targets():
+        raise ValueError(f"unknown target {target!r}; known targets: {', '.join(targets())}")
+    meta = dict(meta or {})
+    meta["threads"] = threads
+    backend = backend_for(target)
+    if backend is None:
+        return Program(target, graph, graph, meta=meta)
+    from qlower.partition import partition
+
+    t0 = time.perf_counter()
+    result = partition(graph, backend, target)
+    meta["lower_seconds"] = round(time.perf_counter() - t0, 4)
+    return Program(target, result.host, graph, result.partitions, result.decisions, meta)
+
+
+def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference",
+            quant: QuantConfig | None = DEFAULT_QUANT, calibration: Sequence[Sequence[Any]] | None = None,
+            *, progress: bool = True, verify_passes: bool = False, threads: int | None = None) -> Program:
+    """Quantize ``model`` (``quant=None`` keeps it in float), import it, optimise and lower it for ``target``.
+
+    ``calibration`` is a list of input tuples (default: the example inputs);
+    a progress bar runs over it unless ``progress=False``.
+    """
+    from qlower.frontend import capture_and_import
+    from qlower.passes import default_pipeline
+
+    example_inputs = tuple(example_inputs)
+    t0 = time.perf_counter()
+    front = capture_and_import(model, example_inputs, quant,
+                               calibration if calibration is not None else [example_inputs], progress=progress)
+    t1 = time.perf_counter()
+    graph = default_pipeline(verify=verify_passes).run(front.graph)
+    t2 = time.perf_counter()
+    prog = lower_graph(graph, target, threads,
+                       meta={"quant": None if quant is None else quant.mode,
+                             "frontend_seconds": round(t1 - t0, 4), "passes_seconds": round(t2 - t1, 4)})
+    prog.frontend = front
+    return prog
+
+
+def verify(model: Any, example_inputs: Sequence[Any], target: str = "reference",
+           quant: QuantConfig | None = DEFAULT_QUANT, calibration: Sequence[Sequence[Any]] | None = None,
+           inputs: Sequence[Sequence[Any]] | None = None, *, progress: bool = True):
+    """Compile for ``target`` and compare every stage per layer on ``inputs`` (default: the example inputs).
+
+    Returns a ``VerificationReport``; ``report.ok`` is False when the target is not
+    bit-exact with the reference or the reference is more than 1 step from fake-quant.
+    """
+    from qlower.verify import verify_program
+
+    prog = compile(model, example_inputs, target, quant, calibration, progress=progress)
+    return verify_program(prog, list(inputs) if inputs is not None else [tuple(example_inputs)])

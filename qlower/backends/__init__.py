@@ -1,0 +1,1 @@
+"""Backends: code generators and executors for each target."""

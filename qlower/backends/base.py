@@ -1,0 +1,83 @@
+"""The backend plug-in interface (DESIGN.md "Backends are plug-ins").
+
+A backend answers ``supports(op)`` with a Verdict (users read the reasons),
+lowers a partition subgraph to a Payload whose boundary types are the ones the
+backend really reads and writes (DESIGN.md rule 6), and executes payloads on
+NumPy arrays.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from qlower.ir import Graph, Op, TensorType
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reason: str = ""
+
+    @staticmethod
+    def yes() -> Verdict:
+        return Verdict(True)
+
+    @staticmethod
+    def no(reason: str) -> Verdict:
+        return Verdict(False, reason)
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A lowered partition.
+
+    ``blobs``: the backend's artifacts by file name (e.g. ``"graph.tosa"``).
+    ``input_types`` / ``output_types``: what the payload really reads and writes,
+    in the order of the subgraph's inputs and outputs.
+    ``tensor_map``: payload tensor name -> name of the subgraph value it holds,
+    so per-layer comparison reaches inside the partition.
+    ``meta``: JSON-serialisable facts (profile, op counts, performance estimates).
+    """
+
+    backend: str
+    target: str
+    blobs: dict[str, bytes]
+    input_types: tuple[TensorType, ...]
+    output_types: tuple[TensorType, ...]
+    tensor_map: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(ABC):
+    """One code generator. ``targets`` lists the target names it compiles for."""
+
+    name: str
+    targets: tuple[str, ...]
+
+    @abstractmethod
+    def supports(self, op: Op, target: str) -> Verdict:
+        """Whether ``op`` (with its operand and result types) can run in this backend."""
+
+    @abstractmethod
+    def lower(self, subgraph: Graph, target: str) -> Payload:
+        """Compile a partition subgraph (its constants included as constant ops)."""
+
+    @abstractmethod
+    def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run a payload; inputs and outputs have the payload's boundary types."""
+
+    def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
+                       tensors: Sequence[str]) -> dict[str, np.ndarray]:
+        """Run a payload and also return the named internal tensors (keys of ``tensor_map``).
+
+        Backends that can't look inside a payload return only what they can.
+        """
+        return {}

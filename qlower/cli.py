@@ -1,0 +1,134 @@
+"""The ``qlower`` command line. It only calls the public API."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import qlower
+from qlower.errors import QlowerError
+
+
+def _load_model(spec: str, size: int | None):
+    """``zoo:NAME`` or ``path/to/file.py:factory`` → (model, example_inputs, quant, calibration)."""
+    if spec.startswith("zoo:"):
+        from qlower import zoo
+
+        return zoo.get(spec[4:], size=size)
+    path, _, factory = spec.rpartition(":")
+    if not path or not Path(path).is_file():
+        raise SystemExit(f"qlower: {spec!r} is neither zoo:NAME nor FILE.py:FACTORY")
+    mod_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(module)
+    result = getattr(module, factory)()
+    if isinstance(result, tuple) and len(result) == 4:
+        return result
+    model, example_inputs = result
+    return model, example_inputs, qlower.QuantConfig(), [example_inputs]
+
+
+def cmd_zoo(args) -> int:
+    from qlower import zoo
+
+    for name in zoo.names():
+        print(f"{name:22s} {zoo.describe(name)}")
+    return 0
+
+
+def cmd_targets(args) -> int:
+    from qlower.backends.registry import targets
+
+    print("\n".join(targets()))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    model, example, quant, calib = _load_model(args.model, args.size)
+    prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
+                          verify_passes=args.verify_passes)
+    from qlower.verify import verify_program
+
+    report = verify_program(prog, [example])
+    print(report.table())
+    if args.json:
+        Path(args.json).write_text(report.to_json())
+    return 0 if report.ok else 1
+
+
+def cmd_compile(args) -> int:
+    model, example, quant, calib = _load_model(args.model, args.size)
+    prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
+                          verify_passes=args.verify_passes)
+    print(prog.explain())
+    if args.output:
+        out = Path(args.output)
+        out.mkdir(parents=True, exist_ok=True)
+        for name, blob in prog.artifacts().items():
+            dest = out / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(blob)
+        (out / "summary.json").write_text(json.dumps(prog.summary(), indent=2, default=str))
+        print(f"wrote {len(prog.artifacts())} artifact(s) and summary.json to {out}")
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """Digits CNN: fp32 vs int8 accuracy on held-out digits, then the verification table."""
+    import torch
+
+    from qlower import zoo
+    from qlower.verify import verify_program
+
+    model, example, quant, calib = zoo.get("digits_cnn")
+    _, _, x_test, y_test = zoo.digits.dataset()
+    print(f"compiling digits_cnn for {args.target} (static int8, {len(calib)} calibration batches)…")
+    prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib)
+    with torch.no_grad():
+        fp32_pred = model(x_test).argmax(dim=1).numpy()
+    int8_pred = np.array([int(np.argmax(prog.run(x_test[i:i + 1])[0])) for i in range(len(x_test))])
+    y = y_test.numpy()
+    fp32_acc, int8_acc = float(np.mean(fp32_pred == y)), float(np.mean(int8_pred == y))
+    print(f"held-out digits: {len(y)} images")
+    print(f"  fp32 accuracy  {100 * fp32_acc:.2f}%")
+    print(f"  int8 accuracy  {100 * int8_acc:.2f}%  ({args.target})")
+    report = verify_program(prog, [(x_test[:1],)])
+    print(report.table())
+    return 0 if report.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="qlower", description=qlower.__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("demo", help="compile the digits CNN, compare fp32 and int8 accuracy, verify")
+    d.add_argument("--target", default="reference")
+    d.set_defaults(fn=cmd_demo)
+    sub.add_parser("zoo", help="list the built-in models").set_defaults(fn=cmd_zoo)
+    sub.add_parser("targets", help="list the targets").set_defaults(fn=cmd_targets)
+    for name, fn, helptext in (("verify", cmd_verify, "run every stage and compare per layer"),
+                               ("compile", cmd_compile, "compile a model and write its artifacts")):
+        c = sub.add_parser(name, help=helptext)
+        c.add_argument("model", help="zoo:NAME or FILE.py:FACTORY")
+        c.add_argument("--target", default="reference")
+        c.add_argument("--size", type=int, default=None, help="input size for image models")
+        c.add_argument("--verify-passes", action="store_true", help="run the IR verifier after every pass")
+        if name == "verify":
+            c.add_argument("--json", help="also write the report as JSON")
+        else:
+            c.add_argument("-o", "--output", help="directory for the artifacts")
+        c.set_defaults(fn=fn)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except QlowerError as e:
+        print(f"qlower: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,5 @@
+"""Partitioning a graph between a backend and the host."""
+
+from qlower.partition.partitioner import HostDecision, Partition, PartitionResult, convert_type, partition
+
+__all__ = ["HostDecision", "Partition", "PartitionResult", "convert_type", "partition"]

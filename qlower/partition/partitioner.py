@@ -1,0 +1,222 @@
+"""Partitioning: which ops a backend takes, and why the rest stay on the host.
+
+Supported ops are grouped greedily in topological order. An op joins a
+producer's partition only when no path from that partition reaches the op
+through an op outside it (which would make the partition depend on itself
+through the host). Constants are copied into every partition that reads them.
+
+After lowering, the host graph calls each partition through a ``delegate`` op
+whose boundary types are the payload's (DESIGN.md rule 6); where they differ
+from the host's types, explicit ``quantize``/``dequantize``/``rescale`` ops are
+inserted on the host. Bytes are never reinterpreted.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from qlower.backends.base import Backend, Payload, Verdict
+from qlower.errors import CompileError
+from qlower.ir import Graph, GraphBuilder, Op, TensorType, Value
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    backend: str
+    target: str
+    subgraph: Graph
+    payload: Payload
+    # names of the source-graph values this partition computes, in order
+    values: tuple[str, ...] = ()
+
+    @property
+    def input_types(self) -> tuple[TensorType, ...]:
+        return self.payload.input_types
+
+    @property
+    def output_types(self) -> tuple[TensorType, ...]:
+        return self.payload.output_types
+
+
+@dataclass(frozen=True)
+class HostDecision:
+    """An op left on the host and the backend's reason."""
+
+    op: Op
+    reason: str
+
+
+@dataclass
+class PartitionResult:
+    host: Graph
+    partitions: list[Partition]
+    decisions: list[HostDecision] = field(default_factory=list)
+
+
+def _assign(graph: Graph, verdicts: dict[Op, Verdict]) -> dict[Op, int]:
+    """Partition index of every supported non-constant op (cycle-free greedy grouping)."""
+    producer = graph.producers()
+    part_of: dict[Op, int] = {}
+    # ext[v]: partitions that v depends on through at least one op outside that partition
+    ext: dict[Value, frozenset[int]] = defaultdict(frozenset)
+    n_parts = 0
+
+    def producer_part(v: Value) -> int | None:
+        p = producer.get(v)
+        return part_of.get(p) if p is not None else None
+
+    for op in graph.ops:
+        if op.kind == "constant":
+            continue
+        inputs = list(op.input_values())
+        if verdicts[op].ok:
+            candidates = [producer_part(v) for v in inputs]
+            chosen = None
+            for c in candidates:
+                if c is not None and all(c not in ext[v] for v in inputs):
+                    chosen = c
+                    break
+            if chosen is None:
+                chosen, n_parts = n_parts, n_parts + 1
+            part_of[op] = chosen
+        mine = part_of.get(op)
+        deps: set[int] = set()
+        for v in inputs:
+            deps |= ext[v]
+            pp = producer_part(v)
+            if pp is not None and pp != mine:
+                deps.add(pp)
+        for r in op.results:
+            ext[r] = frozenset(deps)
+    return part_of
+
+
+def _subgraph(graph: Graph, ops: list[Op], name: str, used_outside: set[Value]) -> tuple[Graph, list[Value], list[Value]]:
+    """Copy ``ops`` (plus the constants they read) into a graph of their own."""
+    producer = graph.producers()
+    inside = set(ops)
+    b = GraphBuilder(name)
+    mapping: dict[Value, Value] = {}
+    boundary_in: list[Value] = []
+    for op in ops:
+        for v in op.input_values():
+            if v in mapping:
+                continue
+            p = producer.get(v)
+            if p is not None and p.kind == "constant":
+                mapping[v] = b.emit(p, ())[0]
+            elif p not in inside:
+                mapping[v] = b.input(v.name, v.type, v.origin)
+                boundary_in.append(v)
+        operands = tuple(tuple(mapping[x] for x in o) if isinstance(o, tuple) else (None if o is None else mapping[o])
+                         for o in op.operands)
+        mapping.update(zip(op.results, b.emit(op, operands)))
+    boundary_out = [r for op in ops for r in op.results if r in used_outside]
+    return b.build(mapping[v] for v in boundary_out), boundary_in, boundary_out
+
+
+def convert_type(b: GraphBuilder, v: Value, want: TensorType) -> Value:
+    """An explicit host op taking ``v`` to ``want`` (same shape): never a reinterpretation."""
+    have = v.type
+    if have == want:
+        return v
+    if have.shape != want.shape:
+        raise CompileError(f"partition boundary: %{v.name} is {have}, the backend expects {want}")
+    if have.dtype.is_float and want.quant is not None:
+        return b.op("quantize", v, out=want.quant, origin=v.origin, name=f"{v.name}_q")
+    if have.quant is not None and want.dtype.is_float:
+        return b.op("dequantize", v, None, origin=v.origin, name=f"{v.name}_dq")
+    if have.quant is not None and want.quant is not None:
+        return b.op("rescale", v, out=want.quant, origin=v.origin, name=f"{v.name}_rq")
+    raise CompileError(f"partition boundary: no conversion from {have} to {want} for %{v.name}")
+
+
+def partition(graph: Graph, backend: Backend, target: str, prefix: str = "p") -> PartitionResult:
+    verdicts = {op: (Verdict.yes() if op.kind == "constant" else backend.supports(op, target)) for op in graph.ops}
+    part_of = _assign(graph, verdicts)
+    groups: dict[int, list[Op]] = defaultdict(list)
+    for op in graph.ops:
+        if op in part_of:
+            groups[part_of[op]].append(op)
+
+    users = graph.users()
+    outputs = set(graph.outputs)
+
+    def used_outside(group: list[Op]) -> set[Value]:
+        inside = set(group)
+        return {r for op in group for r in op.results
+                if r in outputs or any(u not in inside for u in users.get(r, []))}
+
+    partitions: list[Partition] = []
+    boundaries: dict[int, tuple[list[Value], list[Value]]] = {}
+    for idx, (pid, ops) in enumerate(sorted(groups.items())):
+        name = f"{prefix}{idx}"
+        sub, bin_, bout = _subgraph(graph, ops, name, used_outside(ops))
+        try:
+            payload = backend.lower(sub, target)
+        except CompileError as e:
+            raise CompileError(f"partition {name} ({len(ops)} ops) failed to lower for {target}: {e}") from e
+        partitions.append(Partition(name, backend.name, target, sub, payload,
+                                    tuple(r.name for op in ops for r in op.results)))
+        boundaries[pid] = (bin_, bout)
+    host = _host_graph(graph, part_of, groups, partitions, boundaries)
+    decisions = [HostDecision(op, verdicts[op].reason) for op in graph.ops
+                 if op.kind != "constant" and not verdicts[op].ok]
+    return PartitionResult(host, partitions, decisions)
+
+
+def _host_graph(graph: Graph, part_of: dict[Op, int], groups: dict[int, list[Op]],
+                partitions: list[Partition], boundaries) -> Graph:
+    """Host ops and one delegate op per partition, in a topological order of the contracted graph."""
+    producer = graph.producers()
+    pid_to_part = dict(zip(sorted(groups), partitions))
+    # units: host ops (including constants used by host ops) and partitions
+    unit_of: dict[Op, object] = {op: ("p", part_of[op]) if op in part_of else ("h", op) for op in graph.ops}
+    order: list[object] = []
+    seen: set[object] = set()
+    deps: dict[object, set[object]] = defaultdict(set)
+    for op in graph.ops:
+        u = unit_of[op]
+        for v in op.input_values():
+            p = producer.get(v)
+            if p is not None and unit_of[p] != u and not (p.kind == "constant" and u[0] == "p"):
+                deps[u].add(unit_of[p])
+    # Kahn's algorithm keeping the original op order as the tie-break
+    first_pos: dict[object, int] = {}
+    for i, op in enumerate(graph.ops):
+        first_pos.setdefault(unit_of[op], i)
+    pending = sorted(first_pos, key=first_pos.get)
+    while pending:
+        for u in pending:
+            if deps[u] <= seen:
+                order.append(u)
+                seen.add(u)
+                pending.remove(u)
+                break
+        else:
+            raise CompileError("partitioning produced a cycle between host and partitions")
+
+    b = GraphBuilder(graph.name)
+    mapping: dict[Value, Value] = {v: b.input(v.name, v.type, v.origin) for v in graph.inputs}
+    host_constants_needed = {v for op in graph.ops if op not in part_of and op.kind != "constant"
+                             for v in op.input_values()} | set(graph.outputs)
+    for u in order:
+        if u[0] == "h":
+            op = u[1]
+            if op.kind == "constant" and not any(r in host_constants_needed for r in op.results):
+                continue
+            operands = tuple(tuple(mapping[x] for x in o) if isinstance(o, tuple) else (None if o is None else mapping[o])
+                             for o in op.operands)
+            mapping.update(zip(op.results, b.emit(op, operands)))
+            continue
+        part = pid_to_part[u[1]]
+        bin_, bout = boundaries[u[1]]
+        args = tuple(convert_type(b, mapping[v], t) for v, t in zip(bin_, part.input_types))
+        res = b.op("delegate", args, name=part.name, partition=part.name,
+                   in_types=tuple(part.input_types), out_types=tuple(part.output_types))
+        res = res if isinstance(res, tuple) else (res,)
+        for v, r in zip(bout, res):
+            mapping[v] = convert_type(b, r, v.type)
+    return b.build(mapping[v] for v in graph.outputs)

@@ -1,0 +1,117 @@
+"""A compiled program: the host graph, its partitions and their payloads."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from qlower.backends.base import Backend
+from qlower.backends.registry import backend_for
+from qlower.ir import Graph, print_graph
+from qlower.partition import HostDecision, Partition
+
+
+def as_numpy(x: Any) -> np.ndarray:
+    """Torch tensors and array-likes as NumPy arrays (no copy when possible)."""
+    if hasattr(x, "detach"):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+@dataclass
+class Program:
+    """What ``qlower.compile`` returns.
+
+    ``graph`` is the host graph (``delegate`` ops call ``partitions``);
+    ``source`` is the optimised IR before partitioning (the reference
+    interpreter's program, and the map for per-layer comparison).
+    """
+
+    target: str
+    graph: Graph
+    source: Graph
+    partitions: list[Partition] = field(default_factory=list)
+    decisions: list[HostDecision] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    frontend: Any = field(default=None, repr=False)  # the FrontendResult, when compiled in this process
+    _runner: Any = field(default=None, repr=False)
+
+    # -- running ----------------------------------------------------------------
+    def _backends(self) -> dict[str, Backend]:
+        backends: dict[str, Backend] = {}
+        for p in self.partitions:
+            if p.backend not in backends:
+                backends[p.backend] = backend_for(p.target)
+        return backends
+
+    def runner(self):
+        if self._runner is None:
+            if self.target == "cpu":
+                from qlower.backends.cpu import prepare
+
+                self._runner = prepare(self.graph, threads=self.meta.get("threads"))
+            else:
+                from qlower.runtime.runner import Runner
+
+                self._runner = Runner(self.graph, self.partitions, self._backends())
+        return self._runner
+
+    def run(self, *inputs: Any) -> list[np.ndarray]:
+        """Run on NumPy arrays or torch tensors (PyTorch layout, like the model); returns NumPy arrays."""
+        return self.runner().run([as_numpy(x) for x in inputs])
+
+    # -- inspecting ---------------------------------------------------------------
+    @property
+    def input_types(self):
+        return tuple(v.type for v in self.graph.inputs)
+
+    @property
+    def output_types(self):
+        return tuple(v.type for v in self.graph.outputs)
+
+    def artifacts(self) -> dict[str, bytes]:
+        """Every partition's emitted files, named ``<partition>/<file>``."""
+        return {f"{p.name}/{name}": blob for p in self.partitions for name, blob in p.payload.blobs.items()}
+
+    def explain(self) -> str:
+        """Where each op runs, and why each host op was not delegated (with the model's source line)."""
+        lines = [f"target {self.target}: {len(self.partitions)} partition(s), "
+                 f"{sum(1 for op in self.graph.ops if op.kind not in ('constant', 'delegate'))} host op(s)"]
+        for p in self.partitions:
+            kinds: dict[str, int] = {}
+            for op in p.subgraph.ops:
+                if op.kind != "constant":
+                    kinds[op.kind] = kinds.get(op.kind, 0) + 1
+            ins = ", ".join(str(t) for t in p.input_types)
+            outs = ", ".join(str(t) for t in p.output_types)
+            lines.append(f"  {p.name} on {p.backend} ({p.target}): "
+                         + ", ".join(f"{k}×{n}" for k, n in sorted(kinds.items())))
+            lines.append(f"      reads  {ins}")
+            lines.append(f"      writes {outs}")
+        if self.decisions:
+            lines.append("host ops (not delegated):")
+            for d in self.decisions:
+                r = d.op.results[0]
+                where = r.origin.describe() if r.origin else "<no source>"
+                lines.append(f"  %{r.name} = {d.op.kind}  at {where}: {d.reason}")
+        return "\n".join(lines)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "inputs": [str(t) for t in self.input_types],
+            "outputs": [str(t) for t in self.output_types],
+            "partitions": [{"name": p.name, "backend": p.backend, "ops": len(p.subgraph.ops),
+                            "inputs": [str(t) for t in p.input_types],
+                            "outputs": [str(t) for t in p.output_types],
+                            "bytes": sum(len(b) for b in p.payload.blobs.values()),
+                            **p.payload.meta} for p in self.partitions],
+            "host_ops": self.graph.count_ops(),
+            **{k: v for k, v in self.meta.items() if k != "threads"},
+        }
+
+    def __str__(self) -> str:
+        return print_graph(self.graph)
+

@@ -1,0 +1,1 @@
+"""Executing compiled programs."""

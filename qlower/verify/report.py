@@ -1,0 +1,126 @@
+"""The verification report: per-layer and per-output rows, a verdict, a table and JSON."""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+from qlower.verify.metrics import Comparison
+
+# Dynamic quantization's float outputs may differ from the reference by float rounding only.
+DYNAMIC_RTOL = 1e-5
+
+
+@dataclass(frozen=True)
+class LayerRow:
+    value: str
+    op: str
+    module: str
+    source: str
+    type: str
+    ref_vs_fake_quant: Comparison | None
+    target_vs_ref: Comparison | None
+    inside_partition: bool = False
+
+    def as_dict(self) -> dict:
+        return {"value": self.value, "op": self.op, "module": self.module, "source": self.source,
+                "type": self.type, "inside_partition": self.inside_partition,
+                "ref_vs_fake_quant": self.ref_vs_fake_quant and self.ref_vs_fake_quant.as_dict(),
+                "target_vs_ref": self.target_vs_ref and self.target_vs_ref.as_dict()}
+
+
+@dataclass(frozen=True)
+class OutputRow:
+    index: int
+    ref_vs_fp32: Comparison | None
+    ref_vs_fake_quant: Comparison | None
+    target_vs_ref: Comparison
+    ref_max_abs: float = 0.0  # magnitude of the reference output, for relative bounds
+
+    def as_dict(self) -> dict:
+        return {"index": self.index, "ref_max_abs": self.ref_max_abs, **{k: (getattr(self, k) and getattr(self, k).as_dict())
+                                        for k in ("ref_vs_fp32", "ref_vs_fake_quant", "target_vs_ref")}}
+
+
+@dataclass
+class VerificationReport:
+    target: str
+    layers: list[LayerRow]
+    outputs: list[OutputRow]
+    dynamic: bool = False
+    problems: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.problems = self._find_problems()
+
+    def _find_problems(self) -> list[str]:
+        problems = []
+        first_target = next((r for r in self.layers if r.target_vs_ref and r.target_vs_ref.max_steps > 0), None)
+        if first_target is not None and not self.dynamic:
+            problems.append(f"{self.target} first diverges from the reference at %{first_target.value} "
+                            f"({first_target.op}, {first_target.source}): {first_target.target_vs_ref.max_steps:g} steps")
+        for o in self.outputs:
+            t = o.target_vs_ref
+            if self.dynamic:
+                if t.max_abs > DYNAMIC_RTOL * o.ref_max_abs:
+                    problems.append(f"output {o.index}: {self.target} differs from the reference by {t.max_abs:.3g}, "
+                                    f"more than {DYNAMIC_RTOL:g} of the output's magnitude {o.ref_max_abs:.3g}")
+            elif t.max_abs > 0:
+                problems.append(f"output {o.index}: {self.target} is not bit-exact with the reference "
+                                f"(max difference {t.max_abs:.3g})")
+            fq = o.ref_vs_fake_quant
+            if fq is not None and not self.dynamic and fq.max_steps == fq.max_steps and fq.max_steps > 1.0 + 1e-9:
+                problems.append(f"output {o.index}: the reference is {fq.max_steps:.3g} steps from fake-quant (max 1)")
+        return problems
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def first_divergence(self, threshold: float = 1.0) -> LayerRow | None:
+        """The first layer where the reference is more than ``threshold`` steps from fake-quant."""
+        return next((r for r in self.layers if r.ref_vs_fake_quant and r.ref_vs_fake_quant.max_steps > threshold), None)
+
+    def as_dict(self) -> dict:
+        return {"target": self.target, "ok": self.ok, "problems": self.problems,
+                "layers": [r.as_dict() for r in self.layers], "outputs": [o.as_dict() for o in self.outputs]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=2, default=_json_default)
+
+    def table(self, width: int = 140) -> str:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"qlower verify — target {self.target}", show_lines=False)
+        for col in ("layer", "source", "ref↔fake-quant steps", "exact %", "SQNR dB", f"{self.target}↔ref steps"):
+            t.add_column(col, overflow="fold")
+        for r in self.layers:
+            fq, tg = r.ref_vs_fake_quant, r.target_vs_ref
+            name = ("  ⤷ " if r.inside_partition else "") + f"{r.module or r.op}"
+            t.add_row(name, r.source.rsplit("/", 1)[-1],
+                      _fmt(fq and fq.max_steps), _fmt(fq and 100 * fq.exact_share, "{:.1f}"),
+                      _fmt(fq and fq.sqnr_db, "{:.1f}"), _fmt(tg and tg.max_steps))
+        for o in self.outputs:
+            fq, tg, fp = o.ref_vs_fake_quant, o.target_vs_ref, o.ref_vs_fp32
+            t.add_row(f"[bold]output {o.index}", "", _fmt(fq and fq.max_steps), _fmt(fq and 100 * fq.exact_share, "{:.1f}"),
+                      _fmt(fp and fp.sqnr_db, "{:.1f}"), _fmt(tg.max_abs if self.dynamic else tg.max_steps, "{:.3g}"))
+        buf = io.StringIO()
+        console = Console(file=buf, width=width, force_terminal=False, color_system=None)
+        console.print(t)
+        console.print("verdict: " + ("OK" if self.ok else "FAILED\n  " + "\n  ".join(self.problems)))
+        return buf.getvalue()
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+def _fmt(x, spec: str = "{:g}") -> str:
+    return "—" if x is None else spec.format(x)
+
+
+def _json_default(x):
+    if isinstance(x, float):
+        return None
+    raise TypeError(type(x))

@@ -1,0 +1,133 @@
+"""Running every stage of a compile on the same inputs and comparing them per layer.
+
+Stages: eager fp32 → fake-quant PyTorch (the converted PT2E model) → the
+reference interpreter on qlower's IR → the target's program (inside
+partitions too, through each payload's tensor map). A layer is an IR value
+holding quantized codes whose origin names a PyTorch node; PyTorch's tensor
+at that node is permuted into the IR's layout and quantized with the IR
+value's own QuantSpec, so every comparison is in codes of one type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from qlower.ir import Graph, Value
+from qlower.program import Program, as_numpy
+from qlower.reference import run_graph
+from qlower.verify.metrics import compare_codes, compare_floats, to_codes
+from qlower.verify.report import LayerRow, OutputRow, VerificationReport
+
+
+def capture_torch_values(module: Any, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
+    """Every tensor-valued node of an fx GraphModule, by node name."""
+    values: dict[str, np.ndarray] = {}
+    if module is None or not hasattr(module, "graph"):
+        return values
+
+    class Recorder(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if isinstance(out, torch.Tensor) and out.is_floating_point():
+                values[n.name] = out.detach().numpy().copy()
+            return out
+
+    with torch.no_grad():
+        Recorder(module).run(*inputs)
+    return values
+
+
+def _torch_value_in_ir_layout(v: Value, values: dict[str, np.ndarray]) -> np.ndarray | None:
+    if v.origin is None or v.origin.node not in values:
+        return None
+    t = values[v.origin.node]
+    if v.origin.layout is not None and t.ndim == len(v.origin.layout):
+        t = np.transpose(t, v.origin.layout)
+    return t if tuple(t.shape) == v.shape else None
+
+
+def _layers(graph: Graph) -> list[Value]:
+    """The last quantized (int8/int16) value produced for each PyTorch node, in graph order."""
+    last: dict[str, Value] = {}
+    for op in graph.ops:
+        if op.kind in ("constant", "delegate"):
+            continue
+        for r in op.results:
+            if r.quant is not None and r.dtype.itemsize <= 2 and r.origin and r.origin.node:
+                last[r.origin.node] = r
+    return list(last.values())
+
+
+def _target_values(program: Program, inputs: list[np.ndarray]) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    runner = program.runner()
+    if hasattr(runner, "run_traced"):
+        named = runner.run_traced(inputs)
+        return runner.run(inputs), named
+    outs, env, traces = runner.run(inputs, trace=True)
+    named = {v.name: a for v, a in env.items()}
+    for part in program.partitions:
+        for tensor, array in (traces or {}).get(part.name, {}).items():
+            value_name = part.payload.tensor_map.get(tensor)
+            if value_name is not None:
+                named[value_name] = array
+    return outs, named
+
+
+def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
+    front = program.frontend
+    if front is None:
+        raise ValueError("verify needs a program compiled in this process (it compares with the PyTorch model)")
+    torch_inputs = tuple(torch.as_tensor(as_numpy(x)) for x in inputs)
+    np_inputs = [as_numpy(x) for x in inputs]
+    fp32_out = front.float_model(*torch_inputs)
+    fp32_outs = [as_numpy(o) for o in (fp32_out if isinstance(fp32_out, (tuple, list)) else (fp32_out,))]
+    fq_values = capture_torch_values(front.fake_quant, torch_inputs)
+    fp32_values = capture_torch_values(getattr(front, "float_graph", None), torch_inputs)
+    fq_outs = None
+    if front.fake_quant is not None:
+        with torch.no_grad():
+            o = front.fake_quant(*torch_inputs)
+        fq_outs = [as_numpy(x) for x in (o if isinstance(o, (tuple, list)) else (o,))]
+
+    ref_outs, ref_env = run_graph(program.source, np_inputs, keep_all=True)
+    ref_named = {v.name: a for v, a in ref_env.items()}
+    tgt_outs, tgt_named = (ref_outs, ref_named) if program.target == "reference" else _target_values(program, np_inputs)
+
+    rows: list[LayerRow] = []
+    for v in _layers(program.source):
+        ref = ref_named[v.name]
+        fq = _torch_value_in_ir_layout(v, fq_values)
+        fp = _torch_value_in_ir_layout(v, fp32_values)
+        tgt = tgt_named.get(v.name)
+        rows.append(LayerRow(
+            value=v.name, op=v.origin.node, module=v.origin.module, source=v.origin.source, type=str(v.type),
+            ref_vs_fake_quant=None if fq is None else compare_codes(ref, to_codes(fq, v.quant), v.quant, fp),
+            target_vs_ref=None if tgt is None or tgt.shape != ref.shape else compare_codes(tgt, ref, v.quant),
+            inside_partition=v.name not in {x.name for x in program.graph.values()},
+        ))
+    outputs = []
+    for i, (v, ref) in enumerate(zip(program.source.outputs, ref_outs)):
+        fp = fp32_outs[i] if i < len(fp32_outs) else None
+        fq = fq_outs[i] if fq_outs is not None and i < len(fq_outs) else None
+        step = _output_step(program.source, v)
+        outputs.append(OutputRow(
+            index=i,
+            ref_vs_fp32=None if fp is None else compare_floats(ref, fp, fp, step),
+            ref_vs_fake_quant=None if fq is None else compare_floats(ref, fq, fp, step),
+            target_vs_ref=compare_floats(tgt_outs[i], ref, fp, step),
+            ref_max_abs=float(np.abs(ref.astype(np.float64)).max(initial=0.0)),
+        ))
+    return VerificationReport(program.target, rows, outputs, dynamic=program.meta.get("quant") == "dynamic")
+
+
+def _output_step(graph: Graph, out: Value) -> float | None:
+    """The quantization step of a float output that dequantizes static codes."""
+    op = graph.producers().get(out)
+    if op is not None and op.kind == "dequantize" and op.operands[1] is None:
+        q = op.operands[0].quant
+        return q.scale[0] if q is not None and len(q.scale) == 1 else None
+    return None

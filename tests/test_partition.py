@@ -1,0 +1,141 @@
+"""Partitioner: grouping without cycles, explicit boundary conversions, host reasons."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from qlower.backends.base import Backend, Payload, Verdict
+from qlower.errors import ExecutionError
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.partition import partition
+from qlower.reference import run_graph
+from qlower.runtime.runner import Runner
+
+Q = QuantSpec.per_tensor(0.05, 3)
+I8 = TensorType((1, 4, 4, 8), DType.INT8, Q)
+
+
+class BoxBackend(Backend):
+    """A test backend: takes the op kinds it is given, runs subgraphs on the reference interpreter.
+
+    ``float_io`` makes it declare float32 boundaries (as a backend that reads
+    floats would), so the partitioner must insert explicit conversions.
+    """
+
+    name = "box"
+    targets = ("box",)
+
+    def __init__(self, kinds: set[str], float_io: bool = False, wrong_output_dtype: bool = False):
+        self.kinds, self.float_io, self.wrong_output_dtype = kinds, float_io, wrong_output_dtype
+        self.lowered = []
+
+    def supports(self, op, target):
+        return Verdict.yes() if op.kind in self.kinds else Verdict.no(f"box does not take {op.kind}")
+
+    def lower(self, subgraph, target):
+        self.lowered.append(subgraph)
+        ins = tuple(v.type for v in subgraph.inputs)
+        outs = tuple(v.type for v in subgraph.outputs)
+        if self.float_io:
+            ins = tuple(TensorType(t.shape, DType.FLOAT32) for t in ins)
+            outs = tuple(TensorType(t.shape, DType.FLOAT32) for t in outs)
+        return Payload("box", target, {}, ins, outs, meta={"subgraph": subgraph})
+
+    def execute(self, payload, inputs):
+        sub = payload.meta["subgraph"]
+        args = []
+        for v, x in zip(sub.inputs, inputs):
+            if self.float_io:  # the box reads floats: quantize them itself
+                q = v.quant
+                x = np.clip(np.rint(x / q.scale[0]) + q.zero_point[0], q.qmin, q.qmax).astype(np.int8)
+            args.append(x)
+        outs = run_graph(sub, args)
+        if self.float_io:
+            outs = [((o.astype(np.float32) - v.quant.zero_point[0]) * np.float32(v.quant.scale[0])).astype(np.float32)
+                    for o, v in zip(outs, sub.outputs)]
+        if self.wrong_output_dtype:
+            outs = [o.view(np.uint8) for o in outs]
+        return outs
+
+
+def _chain_graph():
+    """x → rescale a → [table b: host] → rescale c, and c also reads a: a naive grouping {a, c} would cycle."""
+    b = GraphBuilder()
+    x = b.input("x", I8)
+    a = b.op("rescale", x, out=QuantSpec.per_tensor(0.1, 0), name="a")
+    t = b.op("table", a, table=np.arange(-128, 128, dtype=np.int8)[::-1].copy(), offset=128,
+             out=QuantSpec.per_tensor(0.1, 0), name="t")
+    c = b.op("concat", (a, t), axis=3, name="c")
+    d = b.op("rescale", c, out=QuantSpec.per_tensor(0.2, -5), name="d")
+    return verify(b.build([d]))
+
+
+def _inputs(seed=0):
+    return [np.random.default_rng(seed).integers(-128, 128, I8.shape).astype(np.int8)]
+
+
+def test_no_cycle_through_the_host_and_bit_exact():
+    g = _chain_graph()
+    backend = BoxBackend({"rescale", "concat"})
+    result = partition(g, backend, "box")
+    verify(result.host)
+    # a is in one partition; c and d can't join it (they depend on a through the host's table)
+    assert len(result.partitions) == 2
+    assert [p.values for p in result.partitions] == [("a",), ("c", "d")]
+    assert [d.op.kind for d in result.decisions] == ["table"]
+    assert "box does not take table" in result.decisions[0].reason
+    runner = Runner(result.host, result.partitions, {"box": backend})
+    for seed in range(3):
+        np.testing.assert_array_equal(runner.run(_inputs(seed))[0], run_graph(g, _inputs(seed))[0])
+
+
+def test_float_boundaries_get_explicit_conversions():
+    g = _chain_graph()
+    backend = BoxBackend({"rescale", "concat"}, float_io=True)
+    result = partition(g, backend, "box")
+    kinds = [op.kind for op in result.host.ops]
+    # each partition input is dequantized on the host and each output quantized back
+    assert kinds.count("dequantize") == 3 and kinds.count("quantize") == 2
+    for op in result.host.ops:
+        if op.kind == "delegate":
+            assert all(t.dtype is DType.FLOAT32 for t in op.attrs["in_types"] + op.attrs["out_types"])
+    runner = Runner(result.host, result.partitions, {"box": backend})
+    np.testing.assert_array_equal(runner.run(_inputs())[0], run_graph(g, _inputs())[0])
+
+
+def test_a_backend_writing_other_than_its_declared_type_is_an_error():
+    g = _chain_graph()
+    backend = BoxBackend({"rescale", "concat"}, wrong_output_dtype=True)
+    result = partition(g, backend, "box")
+    with pytest.raises(ExecutionError, match="boundary type"):
+        Runner(result.host, result.partitions, {"box": backend}).run(_inputs())
+
+
+def test_constants_are_copied_into_each_partition_that_reads_them():
+    b = GraphBuilder()
+    x = b.input("x", TensorType((1, 4, 4, 8), DType.INT32, QuantSpec.per_tensor(0.01, 0, DType.INT32)))
+    k = b.constant(np.full((1, 1, 1, 8), 7, np.int32), QuantSpec.per_tensor(0.01, 0, DType.INT32), name="k")
+    y = b.op("add", x, k, name="y")
+    z = b.op("rescale", y, out=Q, name="z")
+    w = b.op("table", z, table=np.arange(-128, 128, dtype=np.int8), offset=128, out=Q, name="w")
+    r = b.op("rescale", w, out=QuantSpec.per_tensor(0.01, 0, DType.INT32), name="r")
+    s = b.op("sub", r, k, name="s")
+    g = verify(b.build([s]))
+    backend = BoxBackend({"add", "sub", "rescale"})
+    result = partition(g, backend, "box")
+    assert len(result.partitions) == 2
+    for p in result.partitions:
+        assert [op.kind for op in p.subgraph.ops].count("constant") == 1
+    assert not any(op.kind == "constant" for op in result.host.ops)
+    xs = np.random.default_rng(1).integers(-1000, 1000, (1, 4, 4, 8)).astype(np.int32)
+    np.testing.assert_array_equal(Runner(result.host, result.partitions, {"box": backend}).run([xs])[0],
+                                  run_graph(g, [xs])[0])
+
+
+def test_everything_supported_is_one_partition_and_nothing_on_the_host():
+    g = _chain_graph()
+    backend = BoxBackend({"rescale", "concat", "table"})
+    result = partition(g, backend, "box")
+    assert len(result.partitions) == 1 and not result.decisions
+    assert [op.kind for op in result.host.ops] == ["delegate"]
