@@ -139,3 +139,20 @@ def test_everything_supported_is_one_partition_and_nothing_on_the_host():
     result = partition(g, backend, "box")
     assert len(result.partitions) == 1 and not result.decisions
     assert [op.kind for op in result.host.ops] == ["delegate"]
+
+
+def test_a_model_folded_to_a_constant_is_emitted_by_the_backend():
+    b = GraphBuilder()
+    codes = np.array([[-102, -51, 0, 51, 102]], np.int8)
+    k = b.constant(codes, QuantSpec.per_tensor(1 / 127, 0, qmin=-127, qmax=127), name="k")
+    out = b.op("dequantize", k, None, name="out")
+    g = verify(b.build([out]))
+    backend = BoxBackend({"constant"})
+    result = partition(g, backend, "box")
+    assert len(result.partitions) == 1
+    assert [op.kind for op in result.partitions[0].subgraph.ops] == ["constant"]
+    assert [op.kind for op in result.host.ops] == ["delegate", "dequantize"]
+    got = Runner(result.host, result.partitions, {"box": backend}).run([])[0]
+    np.testing.assert_array_equal(got, run_graph(g, [])[0])
+    # a backend that doesn't take the constant leaves the model on the host
+    assert not partition(g, BoxBackend(set()), "box").partitions

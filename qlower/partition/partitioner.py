@@ -133,9 +133,24 @@ def convert_type(b: GraphBuilder, v: Value, want: TensorType) -> Value:
     raise CompileError(f"partition boundary: no conversion from {have} to {want} for %{v.name}")
 
 
+def _assign_output_constants(graph: Graph, backend: Backend, target: str, part_of: dict[Op, int]) -> None:
+    """A constant that a host op turns straight into a graph output (a model folded to a
+    constant, SCENARIOS.md S3) is emitted by the backend: the payload then holds the result."""
+    users = graph.users()
+    outputs = set(graph.outputs)
+    n = max(part_of.values(), default=-1) + 1
+    for op in graph.ops:
+        if op.kind != "constant" or not backend.supports(op, target):
+            continue
+        readers = users.get(op.result, [])
+        if readers and all(u not in part_of and any(r in outputs for r in u.results) for u in readers):
+            part_of[op], n = n, n + 1
+
+
 def partition(graph: Graph, backend: Backend, target: str, prefix: str = "p") -> PartitionResult:
     verdicts = {op: (Verdict.yes() if op.kind == "constant" else backend.supports(op, target)) for op in graph.ops}
     part_of = _assign(graph, verdicts)
+    _assign_output_constants(graph, backend, target, part_of)
     groups: dict[int, list[Op]] = defaultdict(list)
     for op in graph.ops:
         if op in part_of:
