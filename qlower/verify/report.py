@@ -49,6 +49,8 @@ class VerificationReport:
     layers: list[LayerRow]
     outputs: list[OutputRow]
     dynamic: bool = False
+    partitions: list[dict] = field(default_factory=list)   # name, backend, target, ops, inputs, outputs
+    placement: list[tuple[str, str]] = field(default_factory=list)  # (op kind, partition name or "host")
     problems: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -84,6 +86,7 @@ class VerificationReport:
 
     def as_dict(self) -> dict:
         return {"target": self.target, "ok": self.ok, "problems": self.problems,
+                "partitions": self.partitions, "placement": self.placement,
                 "layers": [r.as_dict() for r in self.layers], "outputs": [o.as_dict() for o in self.outputs]}
 
     def to_json(self) -> str:
@@ -111,6 +114,11 @@ class VerificationReport:
         console.print(t)
         console.print("verdict: " + ("OK" if self.ok else "FAILED\n  " + "\n  ".join(self.problems)))
         return buf.getvalue()
+
+    def write_html(self, path):
+        from qlower.verify.html import write_html
+
+        return write_html(self, path)
 
     def __str__(self) -> str:
         return self.table()

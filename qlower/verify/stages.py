@@ -97,6 +97,7 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
     ref_named = {v.name: a for v, a in ref_env.items()}
     tgt_outs, tgt_named = (ref_outs, ref_named) if program.target == "reference" else _target_values(program, np_inputs)
 
+    where = {name: p.name for p in program.partitions for name in p.values}
     rows: list[LayerRow] = []
     for v in _layers(program.source):
         ref = ref_named[v.name]
@@ -107,7 +108,7 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
             value=v.name, op=v.origin.node, module=v.origin.module, source=v.origin.source, type=str(v.type),
             ref_vs_fake_quant=None if fq is None else compare_codes(ref, to_codes(fq, v.quant), v.quant, fp),
             target_vs_ref=None if tgt is None or tgt.shape != ref.shape else compare_codes(tgt, ref, v.quant),
-            inside_partition=v.name not in {x.name for x in program.graph.values()},
+            inside_partition=v.name in where,
         ))
     outputs = []
     for i, (v, ref) in enumerate(zip(program.source.outputs, ref_outs)):
@@ -121,7 +122,13 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
             target_vs_ref=compare_floats(tgt_outs[i], ref, fp, step),
             ref_max_abs=float(np.abs(ref.astype(np.float64)).max(initial=0.0)),
         ))
-    return VerificationReport(program.target, rows, outputs, dynamic=program.meta.get("quant") == "dynamic")
+    placement = [(op.kind, where.get(op.results[0].name, "host")) for op in program.source.ops if op.kind != "constant"]
+    partitions = [{"name": p.name, "backend": p.backend, "target": p.target,
+                   "ops": sum(1 for op in p.subgraph.ops if op.kind != "constant"),
+                   "inputs": [str(t) for t in p.input_types], "outputs": [str(t) for t in p.output_types]}
+                  for p in program.partitions]
+    return VerificationReport(program.target, rows, outputs, dynamic=program.meta.get("quant") == "dynamic",
+                              partitions=partitions, placement=placement)
 
 
 def _output_step(graph: Graph, out: Value) -> float | None:

@@ -1,0 +1,134 @@
+"""The HTML verification report: tables, a per-layer error plot and a picture of the partitioning.
+
+Pictures are PNGs drawn with matplotlib (Agg, no display needed) and embedded
+as data URIs, so the report is one self-contained file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from pathlib import Path
+
+from qlower.verify.report import VerificationReport
+
+_HOST_COLOR = "#b0b0b0"
+_PART_COLORS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b"]
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def error_plot(report: VerificationReport) -> bytes:
+    """Per layer: max steps reference↔fake-quant (bars), SQNR vs fp32 (line), target↔reference steps (red)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report.layers
+    xs = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.18 * len(rows) + 3), 3.6))
+    steps = [r.ref_vs_fake_quant.max_steps if r.ref_vs_fake_quant else 0.0 for r in rows]
+    colors = [_PART_COLORS[0] if r.inside_partition else _HOST_COLOR for r in rows]
+    ax.bar(xs, steps, color=colors, label="reference ↔ fake-quant (max steps)")
+    tgt = [(i, r.target_vs_ref.max_steps) for i, r in enumerate(rows) if r.target_vs_ref and r.target_vs_ref.max_steps > 0]
+    if tgt:
+        ax.scatter([i for i, _ in tgt], [s for _, s in tgt], color="red", zorder=3, marker="x", s=60,
+                   label=f"{report.target} ↔ reference (steps)")
+    ax.axhline(1.0, color="black", lw=0.8, ls="--")
+    ax.set_xlabel("layer (graph order)")
+    ax.set_ylabel("max difference (quantization steps)")
+    ax2 = ax.twinx()
+    sq = [r.ref_vs_fake_quant.sqnr_db if r.ref_vs_fake_quant and r.ref_vs_fake_quant.sqnr_db is not None else float("nan")
+          for r in rows]
+    ax2.plot(xs, [min(s, 80.0) for s in sq], color="#d62728", lw=1.2, label="SQNR vs fp32 (dB)")
+    ax2.set_ylabel("SQNR vs fp32 (dB, capped at 80)")
+    h1, l1 = ax.get_legend_handles_labels()
+    h2, l2 = ax2.get_legend_handles_labels()
+    ax.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=8)
+    ax.set_title(f"per-layer error — target {report.target}")
+    return _png(fig)
+
+
+def partition_picture(report: VerificationReport) -> bytes:
+    """One cell per op of the optimised graph, coloured by where it runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.patches as mpatches
+    import matplotlib.pyplot as plt
+
+    placement = report.placement or []
+    names = sorted({p for _, p in placement if p != "host"})
+    color = {n: _PART_COLORS[i % len(_PART_COLORS)] for i, n in enumerate(names)}
+    color["host"] = _HOST_COLOR
+    per_row = 40
+    n_rows = max(1, (len(placement) + per_row - 1) // per_row)
+    fig, ax = plt.subplots(figsize=(12, 0.55 * n_rows + 1.2))
+    for i, (kind, where) in enumerate(placement):
+        r, c = divmod(i, per_row)
+        ax.add_patch(mpatches.Rectangle((c, -r), 0.95, 0.9, color=color[where]))
+        ax.text(c + 0.47, -r + 0.45, kind[:4], ha="center", va="center", fontsize=5, rotation=90)
+    ax.set_xlim(0, per_row)
+    ax.set_ylim(-n_rows + 0.9, 1)
+    ax.axis("off")
+    ax.legend(handles=[mpatches.Patch(color=color[n], label=n) for n in ["host", *names]],
+              loc="upper center", bbox_to_anchor=(0.5, 0), ncol=min(6, len(names) + 1), fontsize=8)
+    ax.set_title(f"where each op runs — target {report.target}")
+    return _png(fig)
+
+
+def _img(png: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
+
+
+def _fmt(x, spec="{:g}") -> str:
+    return "—" if x is None else html.escape(spec.format(x))
+
+
+def render_html(report: VerificationReport) -> str:
+    verdict = "OK" if report.ok else "FAILED"
+    layer_rows = "".join(
+        f"<tr class='{'inside' if r.inside_partition else 'host'}'><td>{html.escape(r.module or r.op)}</td>"
+        f"<td>{html.escape(r.source)}</td><td>{html.escape(r.type)}</td>"
+        f"<td>{_fmt(r.ref_vs_fake_quant and r.ref_vs_fake_quant.max_steps)}</td>"
+        f"<td>{_fmt(r.ref_vs_fake_quant and 100 * r.ref_vs_fake_quant.exact_share, '{:.1f}')}</td>"
+        f"<td>{_fmt(r.ref_vs_fake_quant and r.ref_vs_fake_quant.sqnr_db, '{:.1f}')}</td>"
+        f"<td>{_fmt(r.target_vs_ref and r.target_vs_ref.max_steps)}</td></tr>"
+        for r in report.layers)
+    part_rows = "".join(
+        f"<tr><td>{html.escape(p['name'])}</td><td>{html.escape(p['backend'])} ({html.escape(p['target'])})</td>"
+        f"<td>{p['ops']}</td><td>{html.escape(', '.join(p['inputs']))}</td>"
+        f"<td>{html.escape(', '.join(p['outputs']))}</td></tr>" for p in report.partitions)
+    problems = "".join(f"<li>{html.escape(p)}</li>" for p in report.problems)
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>qlower verify — {html.escape(report.target)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; }} table {{ border-collapse: collapse; font-size: 13px; }}
+td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} tr.inside td:first-child {{ padding-left: 1.5em; }}
+.ok {{ color: #2a7; }} .failed {{ color: #c22; }} img {{ max-width: 100%; }}
+</style></head><body>
+<h1>qlower verify — target {html.escape(report.target)}</h1>
+<p id="verdict" class="{verdict.lower()}">verdict: <b>{verdict}</b></p><ul id="problems">{problems}</ul>
+<h2>Per-layer error</h2>{_img(error_plot(report), "per-layer error plot")}
+<h2>Partitioning</h2>{_img(partition_picture(report), "partitioning")}
+<table id="partitions"><tr><th>partition</th><th>backend</th><th>ops</th><th>reads</th><th>writes</th></tr>{part_rows}</table>
+<h2>Layers</h2>
+<table id="layers"><tr><th>layer</th><th>source</th><th>type</th><th>ref↔fake-quant steps</th><th>exact %</th>
+<th>SQNR dB</th><th>{html.escape(report.target)}↔ref steps</th></tr>{layer_rows}</table>
+</body></html>
+"""
+
+
+def write_html(report: VerificationReport, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(render_html(report), encoding="utf-8")
+    return path
