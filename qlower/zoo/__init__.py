@@ -1,0 +1,87 @@
+"""Model zoo: the models qlower is tested and benchmarked on, built deterministically.
+
+``get(name, size=None)`` returns ``(model, example_inputs, quant_config,
+calibration_batches)`` (a ``ZooModel``): an eval-mode float32 module, a tuple of
+batch-1 input tensors, the ``QuantConfig`` the model is meant to be quantized
+with, and a few calibration input tuples of the same shapes as the example.
+``size`` sets the input resolution of image models (the architecture is
+unchanged); models with a fixed input shape reject it. Weights are random with
+a fixed seed (BatchNorm statistics estimated on random inputs), except
+``digits_cnn``, which is trained on scikit-learn's digits and cached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from qlower.zoo import cnn, digits, mobilenet_v2, resnet, scenarios, vit
+from qlower.zoo._common import ZooModel
+
+__all__ = ["ZooModel", "default_size", "describe", "get", "names"]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    build: Callable[[int | None], ZooModel]
+    description: str
+    default_size: int | None  # input height/width when ``size`` may change it, else None
+
+
+_REGISTRY: dict[str, _Entry] = {
+    "tiny_cnn": _Entry(cnn.build, "3x conv-BN-ReLU, max pool, global avg pool, linear; 1x3x32x32 → 10", 32),
+    "mobilenet_v2": _Entry(
+        mobilenet_v2.build, "MobileNetV2 width 1.0, inverted residuals, ReLU6, BN; 1x3x224x224 → 1000", 224
+    ),
+    "resnet18": _Entry(resnet.build, "ResNet-18, BasicBlocks, BN; 1x3x224x224 → 1000", 224),
+    "vit_block": _Entry(
+        vit.build, "ViT block without LayerNorm: patch conv, 2-head attention, GELU MLP; 1x3x32x32 → 10", 32
+    ),
+    "digits_cnn": _Entry(digits.build, "CNN trained on sklearn digits (cached); 1x1x8x8 → 10", None),
+    "s0_dynamic_biasless": _Entry(
+        scenarios.build_s0, "S0: bias-less MobileNet-style convs + identical-weight twins; dynamic per-tensor", 32
+    ),
+    "s1_conv_relu_cat": _Entry(
+        scenarios.build_s1, "S1: conv → relu → cat((relu, y)) → conv; acts [-127, 127], relu zp ~ -111", 16
+    ),
+    "s2_perchannel_binary": _Entry(
+        scenarios.build_s2, "S2: x*c and x+c (per-channel c) first in line, conv chain + side conv; dynamic", 16
+    ),
+    "s3_const_cat": _Entry(
+        scenarios.build_s3, "S3: no inputs, cat of two constant ramps; output fixed at scale 1/127 in [-127, 127]", None
+    ),
+    "s4_attention": _Entry(
+        scenarios.build_s4, "S4: attention (q/k/v linear, heads, matmul, softmax, matmul, linear); 1x16x32", None
+    ),
+}
+
+
+def names() -> list[str]:
+    """Every model name, in a fixed order."""
+    return list(_REGISTRY)
+
+
+def _entry(name: str) -> _Entry:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown zoo model {name!r}; known models: {', '.join(_REGISTRY)}") from None
+
+
+def describe(name: str) -> str:
+    """One line saying what the model is."""
+    return f"{name}: {_entry(name).description}"
+
+
+def default_size(name: str) -> int | None:
+    """The default input height/width of an image model; None when the input shape is fixed (``size`` rejected)."""
+    return _entry(name).default_size
+
+
+def get(name: str, size: int | None = None) -> ZooModel:
+    """Build ``name``: ``(model, example_inputs, quant_config, calibration_batches)``.
+
+    ``size`` (image models only) sets the square input resolution, e.g. 32 for
+    fast tests. Raises ValueError for an unknown name or an unusable size.
+    """
+    return _entry(name).build(size)

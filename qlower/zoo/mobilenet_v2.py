@@ -1,0 +1,106 @@
+"""MobileNetV2 (Sandler et al. 2018): width 1.0, 1000 classes, inverted residuals with ReLU6 and BatchNorm.
+
+The architecture is the standard one; ``size`` only changes the input
+resolution (the network is fully convolutional up to the global pool). The
+classifier's dropout is left out: it is the identity in eval mode.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qlower.frontend.config import QuantConfig
+from qlower.zoo._common import (
+    ZooModel,
+    bn_estimation_batches,
+    check_size,
+    estimate_bn_stats,
+    kaiming_init,
+    randn_batches,
+    seeded,
+)
+
+DEFAULT_SIZE = 224
+MIN_SIZE = 32
+SEED = 202
+
+# (expansion t, output channels c, repeats n, first stride s) — Table 2 of the paper.
+INVERTED_RESIDUAL_SETTING: tuple[tuple[int, int, int, int], ...] = (
+    (1, 16, 1, 1),
+    (6, 24, 2, 2),
+    (6, 32, 3, 2),
+    (6, 64, 4, 2),
+    (6, 96, 3, 1),
+    (6, 160, 3, 2),
+    (6, 320, 1, 1),
+)
+
+
+class ConvBNReLU6(nn.Sequential):
+    """Conv (no bias) → BatchNorm → ReLU6."""
+
+    def __init__(self, cin: int, cout: int, kernel: int = 3, stride: int = 1, groups: int = 1) -> None:
+        super().__init__(
+            nn.Conv2d(cin, cout, kernel, stride, (kernel - 1) // 2, groups=groups, bias=False),
+            nn.BatchNorm2d(cout),
+            nn.ReLU6(),
+        )
+
+
+class InvertedResidual(nn.Module):
+    """1x1 expand (skipped when t == 1) → 3x3 depthwise → 1x1 linear projection, residual when shapes match."""
+
+    def __init__(self, cin: int, cout: int, stride: int, expand_ratio: int) -> None:
+        super().__init__()
+        hidden = cin * expand_ratio
+        layers: list[nn.Module] = []
+        if expand_ratio != 1:
+            layers.append(ConvBNReLU6(cin, hidden, kernel=1))
+        layers += [
+            ConvBNReLU6(hidden, hidden, stride=stride, groups=hidden),
+            nn.Conv2d(hidden, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        ]
+        self.conv = nn.Sequential(*layers)
+        self.use_residual = stride == 1 and cin == cout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.use_residual:
+            return x + self.conv(x)
+        return self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    """Input ``[N, 3, S, S]`` → logits ``[N, num_classes]``."""
+
+    def __init__(self, num_classes: int = 1000) -> None:
+        super().__init__()
+        cin = 32
+        layers: list[nn.Module] = [ConvBNReLU6(3, cin, stride=2)]
+        for t, c, n, s in INVERTED_RESIDUAL_SETTING:
+            for i in range(n):
+                layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
+                cin = c
+        layers.append(ConvBNReLU6(cin, 1280, kernel=1))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(1280, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.features(x)
+        x = F.adaptive_avg_pool2d(x, 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+def build(size: int | None = None) -> ZooModel:
+    """Seeded MobileNetV2 with BN statistics from random images; static per-channel int8 config."""
+    s = check_size("mobilenet_v2", size, DEFAULT_SIZE, MIN_SIZE)
+    with seeded(SEED):
+        model = MobileNetV2()
+        kaiming_init(model)
+        nn.init.normal_(model.classifier.weight, std=0.01)
+    estimate_bn_stats(model, bn_estimation_batches(3, s, SEED + 1))
+    calibration = randn_batches((1, 3, s, s), 4, SEED + 2)
+    example = randn_batches((1, 3, s, s), 1, SEED + 3)[0]
+    return ZooModel(model, example, QuantConfig(), calibration)
