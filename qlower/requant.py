@@ -40,28 +40,27 @@ class Multiplier:
 def quantize_multiplier(ratio: float | np.ndarray) -> Multiplier:
     """Nearest (multiplier, shift) with a 31-bit normalised multiplier.
 
-    The mantissa is rounded half away from zero in float64 (exact: ``m * 2**31``
-    has at most 53 significant bits). Ratios too small for shift 62 lose low
-    multiplier bits; ratios of 2**29 or more can't be expressed and raise.
+    The shift is ``31 - e`` for ``ratio = m * 2**e`` (m in [0.5, 1)), capped at
+    MAX_SHIFT, and the multiplier is ``ratio * 2**shift`` rounded once, half up.
+    Exactness: scaling by a power of two is exact in float64 and so is
+    ``x - floor(x)``, so the result is the nearest multiplier at that shift (error at
+    most half a unit of ``2**-shift``; relative error at most 2**-31 when the
+    multiplier is normalised). Ratios below 2**-32 hit the shift cap and keep
+    fewer multiplier bits (0 means "ratio ≈ 0"); ratios of 2**29 or more can't be
+    expressed and raise.
     """
     r = np.atleast_1d(np.asarray(ratio, dtype=np.float64))
     if np.any(~np.isfinite(r)) or np.any(r < 0):
         raise RequantRangeError(f"scale ratio must be finite and non-negative, got {r}")
-    mant, exp = np.frexp(r)                        # r = mant * 2**exp, mant in [0.5, 1)
-    mult = np.floor(mant * 2.0**31 + 0.5).astype(np.int64)
-    carry = mult == 2**31
+    _, exp = np.frexp(r)                           # r = mant * 2**exp, mant in [0.5, 1)
+    shift = np.minimum(31 - exp.astype(np.int64), MAX_SHIFT)
+    scaled = np.ldexp(r, shift.astype(np.int32))   # exact; < 2**31
+    whole = np.floor(scaled)
+    mult = whole.astype(np.int64) + (scaled - whole >= 0.5)
+    carry = mult == 2**31                          # mantissa rounded up to the next power of two
     mult = np.where(carry, mult // 2, mult)
-    exp = exp + carry
-    shift = 31 - exp.astype(np.int64)
-    zero = mult == 0
-    too_small = shift > MAX_SHIFT
-    if np.any(too_small):
-        extra = shift - MAX_SHIFT
-        # Round the multiplier down to shift 62; it may reach 0, meaning "ratio ≈ 0".
-        rounding = np.left_shift(np.int64(1), np.clip(extra - 1, 0, 61))
-        mult = np.where(too_small, (mult + rounding) >> np.minimum(extra, 62), mult)
-        shift = np.where(too_small, MAX_SHIFT, shift)
-    shift = np.where(zero, MAX_SHIFT, shift)
+    shift = np.where(carry, shift - 1, shift)
+    shift = np.where(mult == 0, MAX_SHIFT, shift)
     if np.any(shift < MIN_SHIFT):
         raise RequantRangeError(f"scale ratio {r.max():.6g} is too large for a 32-bit rescale (must be < 2**29)")
     return Multiplier(mult, shift)
@@ -72,15 +71,23 @@ def apply_scale_32(value: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,
     """TOSA ``apply_scale_32``: ``(value * multiplier + round) >> shift`` in int64.
 
     SINGLE_ROUND adds ``2**(shift-1)``, i.e. rounds half toward +inf. DOUBLE_ROUND
-    (TFLite style) adds a further ±2**30 when ``shift > 31``. Like the spec, the
-    value must lie in ``[-2**(shift-1), 2**(shift-1))``; outside it this raises.
+    (TFLite style) adds a further ±2**30 when ``shift > 31``. Like the spec, this
+    raises unless the multiplier is in [0, 2**31), the shift in [2, 62] and the
+    value an int32 in ``[-2**(shift-1), 2**(shift-1))``. Those bounds also keep
+    ``value * multiplier + round`` below 2**63, so the int64 arithmetic is exact.
     """
     value = np.asarray(value, dtype=np.int64)
     multiplier = np.asarray(multiplier, dtype=np.int64)
     shift = np.asarray(shift, dtype=np.int64)
+    if np.any(multiplier < 0) or np.any(multiplier >= 2**31):
+        raise RequantRangeError(f"rescale multiplier must be in [0, 2**31), got {multiplier}")
+    if np.any(shift < MIN_SHIFT) or np.any(shift > MAX_SHIFT):
+        raise RequantRangeError(f"rescale shift must be in [{MIN_SHIFT}, {MAX_SHIFT}], got {shift}")
     half = np.left_shift(np.int64(1), shift - 1)
-    if np.any(value < -half) or np.any(value >= half):
-        raise RequantRangeError("rescale input out of range for its shift (TOSA apply_scale_32 REQUIRE)")
+    if np.any(value < np.maximum(-half, -(2**31))) or np.any(value >= np.minimum(half, 2**31)):
+        raise RequantRangeError(f"rescale input in [{value.min(initial=0)}, {value.max(initial=0)}] is out of range "
+                                "for its shift or int32 (TOSA apply_scale_32 REQUIRE); use a larger shift "
+                                "(smaller scale ratio) or keep values in int32")
     rnd = half
     if double_round:
         rnd = np.where((shift > 31) & (value >= 0), rnd + (1 << 30), rnd)

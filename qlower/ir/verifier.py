@@ -53,6 +53,11 @@ def _ssa(graph: Graph) -> Iterator[str]:
             yield f"graph output {_where(v)} is not defined"
 
 
+def _is_complete(t: object) -> bool:
+    return (isinstance(t, TensorType) and isinstance(t.dtype, DType)
+            and all(isinstance(d, int) and d >= 0 for d in t.shape))
+
+
 @rule("complete-types")
 def _complete_types(graph: Graph) -> Iterator[str]:
     """Every value has a shape of non-negative ints and a DType."""
@@ -64,10 +69,15 @@ def _complete_types(graph: Graph) -> Iterator[str]:
             yield f"{_where(v)} has an invalid shape {t.shape}"
 
 
+def _typed_values(graph: Graph) -> Iterator[Value]:
+    """Values with complete types (the others are complete-types' to report)."""
+    return (v for v in graph.values() if _is_complete(v.type))
+
+
 @rule("integers-are-quantized")
 def _integers_quantized(graph: Graph) -> Iterator[str]:
     """Integer values hold codes and carry a QuantSpec of their dtype; floats carry none."""
-    for v in graph.values():
+    for v in _typed_values(graph):
         t = v.type
         if t.dtype.is_integer and t.quant is None:
             yield f"{_where(v)} is {t.dtype.value} but carries no QuantSpec"
@@ -80,7 +90,7 @@ def _integers_quantized(graph: Graph) -> Iterator[str]:
 @rule("quant-spec-valid")
 def _quant_valid(graph: Graph) -> Iterator[str]:
     """Scales positive and finite; ranges within the dtype; per-channel specs match their axis."""
-    for v in graph.values():
+    for v in _typed_values(graph):
         q = v.type.quant
         if q is None:
             continue
@@ -109,8 +119,14 @@ def _types_match(graph: Graph) -> Iterator[str]:
         if op.kind not in OPS:
             yield f"unknown op kind '{op.kind}' producing {_where(op.results[0])}"
             continue
+        if not all(_is_complete(v.type) for v in (*op.input_values(), *op.results)):
+            continue
         try:
-            normalize_attrs(op.kind, dict(op.attrs))
+            missing = sorted(set(normalize_attrs(op.kind, dict(op.attrs))) - set(op.attrs))
+            if missing:
+                yield (f"{op.kind} producing {_where(op.results[0])} lacks attribute(s) {missing}: "
+                       "build ops with GraphBuilder, which fills in defaults")
+                continue
             operand_types = [tuple(v.type for v in o) if isinstance(o, tuple) else (None if o is None else o.type)
                              for o in op.operands]
             expected = infer_types(op.kind, operand_types, dict(op.attrs))

@@ -68,7 +68,7 @@ _erf = np.frompyfunc(math.erf, 1, 1)
 _float_unary("sigmoid", lambda x: 1.0 / (1.0 + np.exp(-x)))
 _float_unary("tanh", np.tanh)
 _float_unary("exp", np.exp)
-_float_unary("erf", lambda x: _erf(x).astype(np.float64))
+_float_unary("erf", lambda x: np.asarray(_erf(x), dtype=np.float64))  # asarray: 0-d input gives a float
 _float_unary("reciprocal", lambda x: 1.0 / x)
 
 

@@ -1,10 +1,13 @@
 """Reference semantics of the multiply-accumulate ops: conv2d, fully_connected, matmul.
 
 Integer ops accumulate ``(x - x_zp) * (w - w_zp)`` exactly. The sums are
-computed as float64 GEMMs, which is exact here: after zero-point subtraction an
-int8 operand is at most 255 in magnitude and an int16 one 65535, so every product
-is below 2**24, and a sum of K < 2**29 such products stays below 2**53: no
-partial sum is ever rounded. The result is
+computed as float64 GEMMs, which is exact when every partial sum is an integer
+below 2**53, whatever order the BLAS adds in: that holds when
+``K * max|x - x_zp| * max|w - w_zp| < 2**53``, with the maxima taken over the
+operands' whole dtype ranges (int8: 255, int16: 65535 after zero-point
+subtraction). So any int8 or int8 x int16 GEMM with K < 2**37 is exact, and
+int16 x int16 with K < 2**21. ``_check_exact`` proves this bound from the types
+before each GEMM (no run-time cost) and refuses otherwise. The result is
 converted back to int64 and must fit the int32 accumulator.
 """
 
@@ -15,10 +18,10 @@ import numpy as np
 from qlower.ir import Op, TensorType
 from qlower.reference.registry import kernel
 
-_EXACT_FLOAT_BOUND = 2.0**53
+_EXACT_FLOAT_BOUND = 2**53
 
 
-def _centered(x: np.ndarray, t: TensorType, axis: int | None = None) -> np.ndarray:
+def _centered(x: np.ndarray, t: TensorType) -> np.ndarray:
     """Codes minus zero point, as float64 (exact), or the float values."""
     if t.quant is None:
         return x.astype(np.float64)
@@ -26,13 +29,26 @@ def _centered(x: np.ndarray, t: TensorType, axis: int | None = None) -> np.ndarr
     return (x.astype(np.int64) - zp).astype(np.float64)
 
 
+def _max_centered(t: TensorType) -> int:
+    """Largest |code - zero point| the type admits."""
+    zp = np.asarray(t.quant.zero_point, dtype=np.int64)
+    return int(max(np.abs(t.dtype.min - zp).max(), np.abs(t.dtype.max - zp).max()))
+
+
+def _check_exact(a: TensorType, b: TensorType, k: int) -> None:
+    """Raise unless a float64 sum of k products of these operand types is exact (see module doc)."""
+    if a.quant is None:
+        return
+    if k * _max_centered(a) * _max_centered(b) >= _EXACT_FLOAT_BOUND:
+        raise ArithmeticError(f"a sum of {k} products of {a.dtype.value} x {b.dtype.value} codes "
+                              "can't be proven exact in float64")
+
+
 def _finish(acc: np.ndarray, bias: np.ndarray | None, out: TensorType) -> np.ndarray:
     if out.quant is None:
         res = acc if bias is None else acc + bias.astype(np.float64)
         return res.astype(np.float32)
-    if np.abs(acc).max(initial=0) >= _EXACT_FLOAT_BOUND:
-        raise ArithmeticError("accumulator exceeds the exact float64 range")
-    res = np.rint(acc).astype(np.int64)
+    res = acc.astype(np.int64)  # exact: acc holds integers below 2**53 (_check_exact)
     if bias is not None:
         res = res + bias.astype(np.int64)
     return res
@@ -68,6 +84,7 @@ def conv2d_nhwc(x: np.ndarray, w: np.ndarray, stride, dilation, pad, groups: int
 def _conv2d(op: Op, x, w, bias):
     xt, wt, _ = (v.type if v is not None else None for v in op.operands)
     a = op.attrs
+    _check_exact(xt, wt, int(np.prod(wt.shape[1:])))
     acc = conv2d_nhwc(_centered(x, xt), _centered(w, wt), a["stride"], a["dilation"], a["pad"], a["groups"])
     return _finish(acc, bias, op.result.type)
 
@@ -75,6 +92,7 @@ def _conv2d(op: Op, x, w, bias):
 @kernel("fully_connected")
 def _fully_connected(op: Op, x, w, bias):
     xt, wt = op.operands[0].type, op.operands[1].type
+    _check_exact(xt, wt, wt.shape[1])
     acc = _centered(x, xt) @ _centered(w, wt).T
     return _finish(acc, bias, op.result.type)
 
@@ -82,5 +100,6 @@ def _fully_connected(op: Op, x, w, bias):
 @kernel("matmul")
 def _matmul(op: Op, a, b):
     at, bt = op.operands[0].type, op.operands[1].type
+    _check_exact(at, bt, at.shape[-1])
     acc = np.matmul(_centered(a, at), _centered(b, bt))
     return _finish(acc, None, op.result.type)

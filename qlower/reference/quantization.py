@@ -19,7 +19,8 @@ def quantize_array(x: np.ndarray, scale, zero_point, qmin: int, qmax: int) -> np
     """``clamp(round_half_even(x * float32(1/scale)) + zp, qmin, qmax)`` computed in float32."""
     inv = (1.0 / np.asarray(scale, dtype=np.float64)).astype(np.float32)
     q = np.rint(x.astype(np.float32) * inv) + np.asarray(zero_point, dtype=np.float32)
-    return np.clip(q, qmin, qmax).astype(np.int64)
+    # clip in float64: same result for every float32 q, and exact int32 bounds
+    return np.clip(q.astype(np.float64), qmin, qmax).astype(np.int64)
 
 
 @kernel("quantize")
@@ -61,8 +62,8 @@ def _cast(op: Op, x):
     out = op.result.type
     if out.dtype.is_float:
         return x.astype(np.float32)
-    if x.dtype.kind == "f":
-        return np.clip(np.rint(x), out.dtype.min, out.dtype.max).astype(np.int64)
+    if x.dtype.kind == "f":  # clip in float64, where int32's bounds are exact (float32 rounds 2**31-1 up)
+        return np.clip(np.rint(x.astype(np.float64)), out.dtype.min, out.dtype.max).astype(np.int64)
     return np.clip(x.astype(np.int64), out.dtype.min, out.dtype.max)
 
 
