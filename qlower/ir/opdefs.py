@@ -370,7 +370,11 @@ def _slice(ops, attrs):
         if st < 1 or not 0 <= s0 <= s1 <= d:
             raise _fail("slice", f"bad slice {s0}:{s1}:{st} of a dim of size {d}")
         shape.append(len(range(s0, s1, st)))
-    return (TensorType(tuple(shape), x.dtype, x.quant),)
+    quant = x.quant
+    if quant is not None and quant.is_per_channel:  # keep the scales of the channels kept
+        sel = slice(start[quant.axis], stop[quant.axis], step[quant.axis])
+        quant = replace(quant, scale=quant.scale[sel], zero_point=quant.zero_point[sel])
+    return (TensorType(tuple(shape), x.dtype, quant),)
 
 
 def _pool(kind):
