@@ -286,3 +286,15 @@ def test_rebuild_propagates_type_errors_of_the_rewrite():
 
     with pytest.raises(IRError, match=r"reshape: can't reshape \(1, 4, 4, 3\) to \(1, 49\)"):
         rebuild(g, break_shape)
+
+
+def test_pooling_rejects_padding_as_large_as_the_kernel():
+    import pytest
+
+    from qlower.errors import IRError
+    from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType
+
+    b = GraphBuilder()
+    x = b.input("x", TensorType((1, 4, 4, 2), DType.INT8, QuantSpec.per_tensor(0.1, 0)))
+    with pytest.raises(IRError, match="padding .* smaller than the kernel"):
+        b.op("avg_pool2d", x, kernel=(2, 2), stride=(1, 1), pad=(2, 0, 0, 0))

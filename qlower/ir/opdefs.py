@@ -386,6 +386,9 @@ def _pool(kind):
             raise _fail(kind, "input must be quantized per tensor")
         n, h, w, c = x.shape
         (kh, kw), (sh, sw), (pt, pb, pl, pr) = attrs["kernel"], attrs["stride"], attrs["pad"]
+        if max(pt, pb) >= kh or max(pl, pr) >= kw:
+            raise _fail(kind, f"padding {attrs['pad']} must be smaller than the kernel {attrs['kernel']}: "
+                              "a window made only of padding has no value")
         oh, ow = _conv_out(h, kh, sh, 1, pt, pb), _conv_out(w, kw, sw, 1, pl, pr)
         if oh <= 0 or ow <= 0:
             raise _fail(kind, f"empty output for input {x.shape}")
