@@ -26,12 +26,18 @@ class GraphBuilder:
         self._inputs: list[Value] = []
         self._ops: list[Op] = []
         self._names: dict[str, int] = {}
+        self._used: set[str] = set()
 
     def fresh_name(self, hint: str = "v") -> str:
         hint = hint or "v"
         n = self._names.get(hint, 0)
+        name = hint if n == 0 else f"{hint}_{n}"
+        while name in self._used:  # e.g. hint "a_1" after "a" was issued twice
+            n += 1
+            name = f"{hint}_{n}"
         self._names[hint] = n + 1
-        return hint if n == 0 else f"{hint}_{n}"
+        self._used.add(name)
+        return name
 
     def input(self, name: str, type: TensorType, origin: Origin | None = None) -> Value:
         v = Value(self.fresh_name(name), type, origin)
