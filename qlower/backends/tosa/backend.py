@@ -1,0 +1,147 @@
+"""The TOSA 1.0 backend: profiles TOSA-1.0+INT and TOSA-1.0+INT+FP.
+
+``lower`` emits one TOSA 1.0.0 flatbuffer per partition through the official
+serializer, checks it with tosa-opt against the target's profile (plus only
+the extensions the graph uses), and returns it with the IR boundary types,
+which are exactly what the graph reads and writes (int8 stays int8).
+``execute`` runs a payload on the official reference model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from qlower.backends.base import Backend, Payload, Verdict
+from qlower.backends.tosa import executor
+from qlower.backends.tosa.lowering import Lowered, describe, lower_graph
+from qlower.backends.tosa.serializer import TOSA_VERSION
+from qlower.backends.tosa.support import PROFILES, Profile, check, profile_for
+from qlower.backends.tosa.validate import Diagnostic, validate
+from qlower.errors import CompileError, ExecutionError, InputError
+from qlower.ir import Graph, Op
+
+GRAPH_BLOB = "graph.tosa"
+TRACE_BLOB = "trace.tosa"
+
+
+class TosaBackend(Backend):
+    name = "tosa"
+    targets = tuple(PROFILES)
+
+    def supports(self, op: Op, target: str) -> Verdict:
+        reason = check(op, profile_for(target))
+        return Verdict.yes() if reason is None else Verdict.no(reason)
+
+    def lower(self, subgraph: Graph, target: str, trace: bool = False) -> Payload:
+        """Lower, validate and package ``subgraph``.
+
+        With ``trace``, ``blobs["trace.tosa"]`` is the same graph with every mapped
+        intermediate tensor appended to its outputs (names in ``meta["trace_outputs"]``);
+        it is not validated again: its operators are graph.tosa's.
+        Raises UnsupportedOpError for an op ``supports`` rejects, CompileError when
+        validation fails (naming the IR op the failing TOSA operator came from).
+        """
+        profile = profile_for(target)
+        lowered = lower_graph(subgraph, profile)
+        writer = lowered.writer
+        extensions = sorted(writer.extensions)
+        blobs = {GRAPH_BLOB: writer.serialize()}
+        _check_valid(blobs[GRAPH_BLOB], profile, extensions, lowered, subgraph)
+        meta = {
+            "profile": profile.spec,
+            "tosa_opt_profiles": profile.tosa_opt,
+            "extensions": extensions,
+            "tosa_version": ".".join(map(str, TOSA_VERSION)),
+            "tosa_ops": dict(sorted(writer.op_counts().items())),
+            "input_tensors": lowered.input_names,
+            "output_tensors": lowered.output_names,
+        }
+        if trace:
+            real = set(lowered.output_names)
+            intermediates = {e.output for e in writer.operators}
+            traced = [name for name in lowered.tensor_map if name in intermediates and name not in real]
+            for name in traced:
+                writer.mark_output_name(name)
+            # The same operators as graph.tosa, which passed validation; only the output list is longer.
+            blobs[TRACE_BLOB] = writer.serialize()
+            meta["trace_outputs"] = traced
+        return Payload(
+            backend=self.name, target=target, blobs=blobs,
+            input_types=tuple(v.type for v in subgraph.inputs),
+            output_types=tuple(v.type for v in subgraph.outputs),
+            tensor_map=dict(lowered.tensor_map), meta=meta,
+        )
+
+    def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        arrays = _check_inputs(payload, inputs)
+        outputs = executor.run(payload.blobs[GRAPH_BLOB], arrays, f"partition for {payload.target}")
+        return _typed_outputs(payload, outputs[:len(payload.output_types)])
+
+    def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
+                       tensors: Sequence[str]) -> dict[str, np.ndarray]:
+        """Run the trace graph (or the plain one) and return the requested tensors it exposes
+        (inputs, outputs and, with a trace graph, every mapped intermediate; not constants)."""
+        arrays = _check_inputs(payload, inputs)
+        blob = payload.blobs.get(TRACE_BLOB, payload.blobs[GRAPH_BLOB])
+        names = list(payload.meta["output_tensors"])
+        if TRACE_BLOB in payload.blobs:
+            names += payload.meta["trace_outputs"]
+        outputs = executor.run(blob, arrays, f"traced partition for {payload.target}")
+        by_name = dict(zip(payload.meta["input_tensors"], arrays)) | dict(zip(names, outputs))
+        return {name: by_name[name] for name in tensors if name in by_name}
+
+
+def _check_valid(flatbuffer: bytes, profile: Profile, extensions: list[str], lowered: Lowered,
+                 subgraph: Graph) -> None:
+    diagnostics = validate(flatbuffer, profile.tosa_opt, extensions)
+    if diagnostics:
+        raise CompileError(_validation_message(diagnostics, profile, extensions, lowered, subgraph))
+
+
+def _validation_message(diagnostics: list[Diagnostic], profile: Profile, extensions: list[str],
+                        lowered: Lowered, subgraph: Graph) -> str:
+    target = profile.tosa_opt + (f" with extensions {','.join(extensions)}" if extensions else "")
+    lines = [f"the TOSA lowering of graph '{subgraph.name}' is not valid {profile.spec} ({target}):"]
+    operators = lowered.writer.operators
+    for d in diagnostics[:10]:
+        where = f"TOSA {d.tosa_op}" if d.tosa_op else "a TOSA operator"
+        if d.position is not None and d.position < len(operators):
+            emitted = operators[d.position]
+            if emitted.ir_op is not None:
+                where = f"TOSA {emitted.tosa_op} emitted for {describe(emitted.ir_op)}"
+        lines.append(f"  {where}: {d.message}")
+    if len(diagnostics) > 10:
+        lines.append(f"  ... and {len(diagnostics) - 10} more")
+    lines.append("This is a bug in qlower's TOSA lowering; keeping the op on the host avoids it.")
+    return "\n".join(lines)
+
+
+def _check_inputs(payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    types = payload.input_types
+    if len(inputs) != len(types):
+        raise InputError(f"the TOSA partition takes {len(types)} input(s), got {len(inputs)}")
+    out = []
+    for i, (x, t) in enumerate(zip(inputs, types)):
+        x = np.asarray(x)
+        if tuple(x.shape) != t.shape:
+            raise InputError(f"input {i} of the TOSA partition has shape {tuple(x.shape)}, expected {t.shape}")
+        want = t.dtype.numpy
+        if x.dtype != want:
+            if not (t.dtype.is_float and x.dtype.kind == "f"):
+                raise InputError(f"input {i} of the TOSA partition has dtype {x.dtype}, expected {want}")
+            x = x.astype(want)
+        out.append(np.ascontiguousarray(x))
+    return out
+
+
+def _typed_outputs(payload: Payload, outputs: list[np.ndarray]) -> list[np.ndarray]:
+    result = []
+    for i, (y, t) in enumerate(zip(outputs, payload.output_types)):
+        y = np.asarray(y)
+        if y.dtype != t.dtype.numpy or tuple(y.shape) != t.shape:
+            raise ExecutionError(f"output {i} of the TOSA partition came back as {y.dtype}{list(y.shape)}, "
+                               f"the payload declares {t}")
+        result.append(y)
+    return result

@@ -1,0 +1,143 @@
+"""Lowerings of elementwise ops: rescale, clamp, add/sub/mul/intdiv, table, float unary ops, softmax.
+
+Integer ops are exact: RESCALE multipliers come from ``qlower.requant`` (the
+same integers the reference interpreter applies), MUL's shift operand is the
+IR's shift, and a table is either a 256-entry TABLE (int8 -> int8) or a
+GATHER over the IR's table with the index clamped into range (so an input
+outside the declared code range can't read out of bounds).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import tosa_serializer as ts
+
+from qlower import requant
+from qlower.backends.tosa.lowering import Lowerer, lowering
+from qlower.backends.tosa.serializer import DT, NUMPY_OF, Tensor, attr, tosa_dtype
+from qlower.ir import DType, Op
+
+Op_ = ts.Op
+
+
+@lowering("rescale")
+def _rescale(lw: Lowerer, op: Op) -> Tensor:
+    """RESCALE (+ a clamp when the output's [qmin, qmax] is narrower than its dtype)."""
+    xv = op.operands[0]
+    src, out = xv.type.quant, op.attrs["out"]
+    mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])
+    y = lw.rescale(lw.t(xv), mult, src.zero_point[0], out.zero_point[0], tosa_dtype(out.dtype),
+                   double_round=op.attrs["rounding"] == "double")
+    return lw.clamp(y, out.qmin, out.qmax)
+
+
+@lowering("clamp")
+def _clamp(lw: Lowerer, op: Op) -> Tensor:
+    x = lw.t(op.operands[0])
+    lo, hi = op.attrs["min"], op.attrs["max"]
+    if x.dtype != DT.FP32:
+        lo, hi = math.ceil(lo), math.floor(hi)
+    return lw.clamp(x, lo, hi)
+
+
+_BINARY = {"add": (Op_.ADD, "Add"), "sub": (Op_.SUB, "Sub")}
+
+
+@lowering("add", "sub")
+def _binary(lw: Lowerer, op: Op) -> Tensor:
+    tosa_op, attr_kind = _BINARY[op.kind]
+    a, b = (lw.t(v) for v in op.operands)
+    return lw.emit(tosa_op, [a, b], op.result.shape, tosa_dtype(op.result.dtype), attr(attr_kind))
+
+
+@lowering("intdiv")
+def _intdiv(lw: Lowerer, op: Op) -> Tensor:
+    """INTDIV, with a guard against zero divisors unless the divisor is a constant without zeros.
+
+    TOSA leaves division by zero undefined (a REQUIRE) and the TOSA reference
+    model dies of SIGFPE on it, taking the process along. The guard divides by
+    1 instead and adds ``MUL(big, big, shift=1)``, which overflows exactly where
+    the divisor was 0: the reference model then reports TOSA_UNPREDICTABLE,
+    an ExecutionError like the reference interpreter's ZeroDivisionError. Where
+    the divisor isn't 0 the added term is 0.
+    """
+    a, b = (lw.t(v) for v in op.operands)
+    shape, i32 = op.result.shape, DT.INT32
+    if b.is_const and np.all(b.data != 0):
+        return lw.emit(Op_.INTDIV, [a, b], shape, i32, attr("IntDiv"))
+    ones = (1,) * b.rank
+
+    def const(v: int) -> Tensor:
+        return lw.w.const(np.full(ones, v, np.int32), i32)
+
+    zero = lw.emit(Op_.EQUAL, [b, const(0)], b.shape, DT.BOOL, attr("Equal"))
+    safe = lw.emit(Op_.SELECT, [zero, const(1), b], b.shape, i32, attr("Select"))
+    big = lw.emit(Op_.SELECT, [zero, const(2**31 - 1), const(0)], b.shape, i32, attr("Select"))
+    poison = lw.emit(Op_.MUL, [big, big, lw.scalar(1, DT.INT8)], b.shape, i32, attr("Mul"))
+    quotient = lw.emit(Op_.INTDIV, [a, safe], shape, i32, attr("IntDiv"))
+    return lw.emit(Op_.ADD, [quotient, poison], shape, i32, attr("Add"))
+
+
+@lowering("mul")
+def _mul(lw: Lowerer, op: Op) -> Tensor:
+    """MUL; its shift operand is the IR's shift for int32 and 0 for float (always present)."""
+    a, b = (lw.t(v) for v in op.operands)
+    shift = op.attrs["shift"] if op.result.dtype is DType.INT32 else 0
+    return lw.emit(Op_.MUL, [a, b, lw.scalar(shift, DT.INT8)], op.result.shape, tosa_dtype(op.result.dtype),
+                   attr("Mul"))
+
+
+def _table_256(table: np.ndarray, offset: int, out_np: type) -> np.ndarray:
+    """The IR table re-indexed for TOSA's int8 TABLE (``out = t[x + 128]``).
+
+    Codes the IR table doesn't cover (outside the input's declared range) read
+    the nearest entry.
+    """
+    idx = np.clip(np.arange(-128, 128) + offset, 0, table.size - 1)
+    return table[idx].astype(out_np)
+
+
+@lowering("table")
+def _table(lw: Lowerer, op: Op) -> Tensor:
+    xv = op.operands[0]
+    x = lw.t(xv)
+    table, offset = np.asarray(op.attrs["table"]), int(op.attrs["offset"])
+    out_dtype = tosa_dtype(op.result.dtype)
+    out_np = NUMPY_OF[out_dtype]
+    if x.dtype == DT.INT8 and out_dtype == DT.INT8:
+        t256 = lw.w.const(_table_256(table, offset, out_np), DT.INT8)
+        return lw.emit(Op_.TABLE, [x, t256], x.shape, DT.INT8, attr("Table"))
+    # GATHER(values [1, K, 1], indices [1, W]) -> [1, W, 1]
+    idx = lw.clamp(lw.cast(x, DT.INT32), -offset, table.size - 1 - offset)
+    idx = lw.add_const(idx, offset)
+    numel = math.prod(x.shape)
+    values = lw.w.const(table.astype(out_np).reshape(1, table.size, 1), out_dtype)
+    y = lw.emit(Op_.GATHER, [values, lw.reshape(idx, (1, numel))], (1, numel, 1), out_dtype, attr("Gather"))
+    return lw.reshape(y, op.result.shape)
+
+
+_FLOAT_UNARY = {"sigmoid": (Op_.SIGMOID, "Sigmoid"), "tanh": (Op_.TANH, "Tanh"), "exp": (Op_.EXP, "Exp"),
+                "erf": (Op_.ERF, "Erf"), "reciprocal": (Op_.RECIPROCAL, "Reciprocal")}
+
+
+@lowering(*_FLOAT_UNARY)
+def _float_unary(lw: Lowerer, op: Op) -> Tensor:
+    tosa_op, attr_kind = _FLOAT_UNARY[op.kind]
+    x = lw.t(op.operands[0])
+    return lw.emit(tosa_op, [x], x.shape, x.dtype, attr(attr_kind))
+
+
+@lowering("softmax")
+def _softmax(lw: Lowerer, op: Op) -> Tensor:
+    """``exp(x - max) * reciprocal(sum(exp(x - max)))`` along the axis, in float32."""
+    x = lw.t(op.operands[0])
+    axis = op.attrs["axis"] % x.rank
+    reduced = tuple(1 if i == axis else d for i, d in enumerate(x.shape))
+    nan = ts.NanPropagationMode.PROPAGATE
+    m = lw.emit(Op_.REDUCE_MAX, [x], reduced, DT.FP32, attr("ReduceMax", axis, nan))
+    e = lw.emit(Op_.EXP, [lw.emit(Op_.SUB, [x, m], x.shape, DT.FP32, attr("Sub"))], x.shape, DT.FP32, attr("Exp"))
+    s = lw.emit(Op_.REDUCE_SUM, [e], reduced, DT.FP32, attr("ReduceSum", axis))
+    r = lw.emit(Op_.RECIPROCAL, [s], reduced, DT.FP32, attr("Reciprocal"))
+    return lw.emit(Op_.MUL, [e, r, lw.scalar(0, DT.INT8)], x.shape, DT.FP32, attr("Mul"))
