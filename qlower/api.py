@@ -14,7 +14,8 @@ from qlower.program import Program
 DEFAULT_QUANT = QuantConfig()
 
 
-def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dict | None = None) -> Program:
+def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dict | None = None,
+                trace: bool = False) -> Program:
     """Partition an optimised IR graph for ``target`` and lower its partitions."""
     if target not in targets():
         raise ValueError(f"unknown target {target!r}; known targets: {', '.join(targets())}")
@@ -26,18 +27,20 @@ def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dic
     from qlower.partition import partition
 
     t0 = time.perf_counter()
-    result = partition(graph, backend, target)
+    result = partition(graph, backend, target, trace=trace)
     meta["lower_seconds"] = round(time.perf_counter() - t0, 4)
     return Program(target, result.host, graph, result.partitions, result.decisions, meta)
 
 
 def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference",
             quant: QuantConfig | None = DEFAULT_QUANT, calibration: Sequence[Sequence[Any]] | None = None,
-            *, progress: bool = True, verify_passes: bool = False, threads: int | None = None) -> Program:
+            *, progress: bool = True, verify_passes: bool = False, threads: int | None = None,
+            trace: bool = False) -> Program:
     """Quantize ``model`` (``quant=None`` keeps it in float), import it, optimise and lower it for ``target``.
 
     ``calibration`` is a list of input tuples (default: the example inputs);
-    a progress bar runs over it unless ``progress=False``.
+    a progress bar runs over it unless ``progress=False``. ``trace`` keeps what
+    per-layer verification needs to look inside partitions.
     """
     from qlower.frontend import capture_and_import
     from qlower.passes import default_pipeline
@@ -49,7 +52,7 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
     t1 = time.perf_counter()
     graph = default_pipeline(verify=verify_passes).run(front.graph)
     t2 = time.perf_counter()
-    prog = lower_graph(graph, target, threads,
+    prog = lower_graph(graph, target, threads, trace=trace,
                        meta={"quant": None if quant is None else quant.mode,
                              "frontend_seconds": round(t1 - t0, 4), "passes_seconds": round(t2 - t1, 4)})
     prog.frontend = front
@@ -66,5 +69,5 @@ def verify(model: Any, example_inputs: Sequence[Any], target: str = "reference",
     """
     from qlower.verify import verify_program
 
-    prog = compile(model, example_inputs, target, quant, calibration, progress=progress)
+    prog = compile(model, example_inputs, target, quant, calibration, progress=progress, trace=True)
     return verify_program(prog, list(inputs) if inputs is not None else [tuple(example_inputs)])

@@ -51,7 +51,7 @@ def cmd_targets(args) -> int:
 def cmd_verify(args) -> int:
     model, example, quant, calib = _load_model(args.model, args.size)
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
-                          verify_passes=args.verify_passes)
+                          verify_passes=args.verify_passes, trace=True)
     from qlower.verify import verify_program
 
     report = verify_program(prog, [example])
@@ -88,7 +88,7 @@ def cmd_demo(args) -> int:
     model, example, quant, calib = zoo.get("digits_cnn")
     _, _, x_test, y_test = zoo.digits.dataset()
     print(f"compiling digits_cnn for {args.target} (static int8, {len(calib)} calibration batches)…")
-    prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib)
+    prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib, trace=True)
     with torch.no_grad():
         fp32_pred = model(x_test).argmax(dim=1).numpy()
     int8_pred = np.array([int(np.argmax(prog.run(x_test[i:i + 1])[0])) for i in range(len(x_test))])

@@ -33,7 +33,7 @@ class BoxBackend(Backend):
     def supports(self, op, target):
         return Verdict.yes() if op.kind in self.kinds else Verdict.no(f"box does not take {op.kind}")
 
-    def lower(self, subgraph, target):
+    def lower(self, subgraph, target, trace=False):
         self.lowered.append(subgraph)
         ins = tuple(v.type for v in subgraph.inputs)
         outs = tuple(v.type for v in subgraph.outputs)

@@ -67,8 +67,11 @@ class Backend(ABC):
         """Whether ``op`` (with its operand and result types) can run in this backend."""
 
     @abstractmethod
-    def lower(self, subgraph: Graph, target: str) -> Payload:
-        """Compile a partition subgraph (its constants included as constant ops)."""
+    def lower(self, subgraph: Graph, target: str, trace: bool = False) -> Payload:
+        """Compile a partition subgraph (its constants included as constant ops).
+
+        With ``trace``, the payload also lets ``execute_traced`` read the tensors
+        of ``tensor_map`` (for per-layer verification); it may be larger."""
 
     @abstractmethod
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -147,7 +147,10 @@ def _assign_output_constants(graph: Graph, backend: Backend, target: str, part_o
             part_of[op], n = n, n + 1
 
 
-def partition(graph: Graph, backend: Backend, target: str, prefix: str = "p") -> PartitionResult:
+def partition(graph: Graph, backend: Backend, target: str, prefix: str = "p", trace: bool = False) -> PartitionResult:
+    prepare = getattr(backend, "prepare", None)  # optional: a backend whose verdicts need the whole graph
+    if prepare is not None:
+        prepare(graph)
     verdicts = {op: (Verdict.yes() if op.kind == "constant" else backend.supports(op, target)) for op in graph.ops}
     part_of = _assign(graph, verdicts)
     _assign_output_constants(graph, backend, target, part_of)
@@ -170,7 +173,7 @@ def partition(graph: Graph, backend: Backend, target: str, prefix: str = "p") ->
         name = f"{prefix}{idx}"
         sub, bin_, bout = _subgraph(graph, ops, name, used_outside(ops))
         try:
-            payload = backend.lower(sub, target)
+            payload = backend.lower(sub, target, trace=trace)
         except CompileError as e:
             raise CompileError(f"partition {name} ({len(ops)} ops) failed to lower for {target}: {e}") from e
         partitions.append(Partition(name, backend.name, target, sub, payload,
