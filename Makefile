@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
 fuzz: $(STAMP)
-	QLOWER_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q -m fuzz -p no:randomly
+	QLOWER_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q -m fuzz
 
 lint: $(STAMP)
 	$(BIN)/ruff check qlower tests benchmarks

@@ -3,6 +3,7 @@
 from qlower.api import compile, verify
 from qlower.frontend.config import QuantConfig
 from qlower.program import Program
+from qlower.program.fileformat import load
 
 __version__ = "0.1.0"
-__all__ = ["Program", "QuantConfig", "compile", "verify"]
+__all__ = ["Program", "QuantConfig", "compile", "load", "verify"]

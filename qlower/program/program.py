@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,4 +115,11 @@ class Program:
 
     def __str__(self) -> str:
         return print_graph(self.graph)
+
+    # -- saving -------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the program to one file (``qlower.load`` reads it back); see qlower/program/fileformat.py."""
+        from qlower.program.fileformat import save_program
+
+        save_program(self, path)
 

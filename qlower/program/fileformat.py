@@ -1,0 +1,396 @@
+"""The program file: one file holding a whole compiled Program, safe to load from anyone.
+
+Layout (all integers little-endian)::
+
+    offset  size  field
+         0     8  magic  b"\\x89QLOWER\\n"  (non-ASCII first byte and a newline, so a
+                  file mangled by a text-mode transfer or a foreign file is caught at once)
+         8     4  format version (u32); this qlower writes and reads FORMAT_VERSION
+        12     8  body length in bytes (u64)
+        20    32  SHA-256 of the body
+        52     …  body: a safetensors file
+
+The envelope is checked before anything is parsed: magic, then the version (a
+newer file is refused with both version numbers), then length (truncation,
+trailing bytes), then the checksum, so accidental corruption is never a silent
+wrong result. The body holds every array (constant data, table attributes, and
+payload blobs as 1-D uint8 tensors) as safetensors tensors, and the program
+header as JSON in its metadata under ``"qlower"``: target, the JSON-able part of
+``Program.meta``, an index of the tensors (dtype and shape of each, checked
+against the tensor section), the host graph, the source graph (``null`` when it
+is the host graph itself), the partitions (name, backend, target, source values,
+subgraph, payload: blobs by tensor key, boundary types, tensor map, meta) and the
+host decisions (op index in the source graph, its result's name, reason). Graphs
+are encoded by ``irjson``.
+
+Loading executes nothing: no pickle, JSON with duplicate keys and non-standard
+constants refused, every field type-checked, every graph rebuilt through the op
+registry and verified, delegates checked against their partitions. Anything
+wrong is an InvalidProgramError naming the file and the place; the checksum
+guards against accidents, not against a forger, which the checks behind it are
+for.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from qlower.backends.base import Payload
+from qlower.errors import InvalidProgramError
+from qlower.ir import Graph, verify
+from qlower.partition import HostDecision, Partition
+from qlower.program.irjson import (
+    TensorReader,
+    TensorWriter,
+    as_int,
+    as_list,
+    as_obj,
+    as_str,
+    dec_type,
+    decode_graph,
+    enc_type,
+    encode_graph,
+    fail,
+)
+from qlower.program.program import Program
+
+MAGIC = b"\x89QLOWER\n"
+FORMAT_VERSION = 1
+_ENVELOPE = struct.Struct("<8sIQ32s")
+_FORMAT_NAME = "qlower-program"
+_HEADER_FIELDS = ("format", "target", "meta", "tensors", "host", "source", "partitions", "decisions")
+# safetensors dtype -> NumPy dtype (little-endian); the only dtypes a program file holds
+_ST_DTYPES = {"BOOL": "|b1", "U8": "|u1", "I8": "|i1", "I16": "<i2", "I32": "<i4", "I64": "<i8",
+              "F32": "<f4", "F64": "<f8"}
+_SAVABLE = {np.dtype(d).name for d in _ST_DTYPES.values()}
+_FOREIGN = {b"PK\x03\x04": "a zip archive (a torch.save or .pt2 file?)", b"\x80": "a Python pickle",
+            b"\x89PNG": "a PNG image", b"\x1c\x00\x00\x00TOSA": "a TOSA flatbuffer"}
+
+
+# -- writing -------------------------------------------------------------------------------
+
+def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    """The entries of ``meta`` that JSON can hold (the rest are process-local)."""
+    out = {}
+    for k, v in meta.items():
+        try:
+            json.dumps(v, allow_nan=False)
+        except (TypeError, ValueError, RecursionError):
+            continue
+        if isinstance(k, str):
+            out[k] = v
+    return out
+
+
+def _enc_partition(p: Partition, tensors: TensorWriter) -> dict:
+    pl = p.payload
+    try:
+        json.dumps(pl.meta, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as e:
+        raise InvalidProgramError(f"can't save partition '{p.name}': its Payload.meta is not JSON ({e}); "
+                                  "backends must keep only JSON facts there") from None
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in pl.tensor_map.items()):
+        raise InvalidProgramError(f"can't save partition '{p.name}': its tensor_map must map names to names")
+    payload = {"backend": pl.backend, "target": pl.target,
+               "blobs": {name: tensors.add(bytes(blob)) for name, blob in pl.blobs.items()},
+               "input_types": [enc_type(t) for t in pl.input_types],
+               "output_types": [enc_type(t) for t in pl.output_types],
+               "tensor_map": dict(pl.tensor_map), "meta": pl.meta}
+    return {"name": p.name, "backend": p.backend, "target": p.target, "values": list(p.values),
+            "subgraph": encode_graph(p.subgraph, tensors), "payload": payload}
+
+
+def program_to_bytes(program: Program) -> bytes:
+    """The program file's bytes. The program's graphs are verified first: an invalid
+    program is refused here rather than written and refused at load."""
+    graphs: list[Graph] = [program.graph, program.source, *(p.subgraph for p in program.partitions)]
+    for g in graphs:
+        verify(g, after="compiling (refusing to save an invalid program)")
+    tensors = TensorWriter()
+    op_index = {op: i for i, op in enumerate(program.source.ops)}
+    decisions = []
+    for d in program.decisions:
+        if d.op not in op_index or not d.op.results:
+            raise InvalidProgramError(f"can't save: the host decision '{d.reason}' is about an op "
+                                      "that is not in the source graph")
+        decisions.append({"op": op_index[d.op], "result": d.op.results[0].name, "reason": d.reason})
+    header = {
+        "format": _FORMAT_NAME, "target": program.target, "meta": _json_meta(program.meta),
+        "host": encode_graph(program.graph, tensors),
+        "source": None if program.source is program.graph else encode_graph(program.source, tensors),
+        "partitions": [_enc_partition(p, tensors) for p in program.partitions],
+        "decisions": decisions,
+    }
+    header["tensors"] = tensors.index()
+    for key, a in tensors.arrays.items():
+        if a.dtype.name not in _SAVABLE:
+            raise InvalidProgramError(f"can't save: an array of dtype {a.dtype} (tensor {key}); "
+                                      f"program files hold {sorted(_SAVABLE)}")
+    body = safetensors.numpy.save(tensors.arrays, metadata={
+        "qlower": json.dumps(header, allow_nan=False, separators=(",", ":"))})
+    return _ENVELOPE.pack(MAGIC, FORMAT_VERSION, len(body), hashlib.sha256(body).digest()) + body
+
+
+def save_program(program: Program, path: str | os.PathLike) -> None:
+    """Write ``program`` to ``path`` atomically (a reader never sees half a file)."""
+    data = program_to_bytes(program)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# -- reading: envelope and body ------------------------------------------------------------
+
+def _open_envelope(data: bytes) -> tuple[int, bytes]:
+    if data[:len(MAGIC)] != MAGIC:
+        if len(data) < len(MAGIC) and MAGIC.startswith(data):
+            raise fail("", f"truncated: only {len(data)} bytes, not even the file signature")
+        kind = next((what for prefix, what in _FOREIGN.items() if data.startswith(prefix)), None)
+        raise fail("", "not a qlower program file" + (f": it looks like {kind}" if kind else
+                                                      f" (it starts with {data[:8]!r})"))
+    if len(data) < _ENVELOPE.size:
+        raise fail("", f"truncated: {len(data)} bytes, shorter than the {_ENVELOPE.size}-byte file header")
+    _, version, length, digest = _ENVELOPE.unpack_from(data)
+    if version > FORMAT_VERSION:
+        raise fail("", f"written by a newer qlower (format {version}, this qlower reads up to "
+                       f"{FORMAT_VERSION}): upgrade qlower to load it")
+    if version < 1:
+        raise fail("", f"format version {version} does not exist (corrupt file header)")
+    body = data[_ENVELOPE.size:]
+    if len(body) < length:
+        raise fail("", f"truncated: the body has {len(body)} of its {length} bytes")
+    if len(body) > length:
+        raise fail("", f"{len(body) - length} unexpected bytes after the end of the program")
+    if hashlib.sha256(body).digest() != digest:
+        raise fail("", "checksum mismatch: the file was changed or damaged after it was written")
+    return version, body
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise fail("", f"duplicate key {dup[:40]!r} in a JSON object")
+    return d
+
+
+def _no_constants(name: str) -> Any:
+    raise fail("", f"non-standard JSON constant {name}")
+
+
+def _strict_json(raw: bytes | str, where: str) -> Any:
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys, parse_constant=_no_constants)
+    except InvalidProgramError as e:
+        raise fail(where, str(e)) from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, int digit limit
+        raise fail(where, f"is not valid JSON ({type(e).__name__}: {str(e)[:120]})") from None
+
+
+def _to_array(name: str, info: dict) -> np.ndarray:
+    where = f"tensor '{name[:40]}'"
+    dtype = _ST_DTYPES.get(info.get("dtype"))
+    if dtype is None:
+        raise fail(where, f"has dtype {info.get('dtype')!r}; program files hold only {sorted(_ST_DTYPES)}")
+    shape, data = tuple(info["shape"]), info["data"]
+    if len(data) != int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize:
+        raise fail(where, f"has {len(data)} bytes for {info['dtype']}{list(shape)}")
+    array = np.frombuffer(data, dtype=np.dtype(dtype))
+    if array.dtype == np.bool_ and np.frombuffer(data, np.uint8).max(initial=0) > 1:
+        raise fail(where, "is a boolean tensor holding bytes other than 0 and 1")
+    array = array.reshape(shape)
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    array.setflags(write=False)
+    return array
+
+
+def _open_body(body: bytes) -> tuple[Any, dict[str, np.ndarray]]:
+    """The program header (decoded JSON, unchecked) and the tensors of the safetensors body."""
+    if len(body) < 8:
+        raise fail("tensor section", f"truncated ({len(body)} bytes)")
+    n = int.from_bytes(body[:8], "little")
+    if n > len(body) - 8:
+        raise fail("tensor section", f"its header claims {n} bytes, only {len(body) - 8} follow")
+    st_header = as_obj(_strict_json(body[8:8 + n], "tensor section header"), "tensor section header")
+    meta = st_header.get("__metadata__")
+    if type(meta) is not dict or "qlower" not in meta:
+        raise fail("tensor section", "has no qlower program header in its metadata")
+    header = _strict_json(as_str(meta["qlower"], "program header"), "program header")
+    try:
+        raw = safetensors.deserialize(body)
+    except Exception as e:  # noqa: BLE001 - SafetensorError and whatever else the parser raises
+        raise fail("tensor section", f"is corrupt: {str(e)[:200]}") from None
+    return header, {name: _to_array(name, info) for name, info in raw}
+
+
+def _check_tensor_index(index: Any, arrays: dict[str, np.ndarray]) -> None:
+    index = as_obj(index, "tensor index")
+    if set(index) != set(arrays):
+        only_header, only_data = sorted(set(index) - set(arrays)), sorted(set(arrays) - set(index))
+        raise fail("tensor index", f"lists tensors {only_header[:5]} the file lacks, "
+                                   f"the file has tensors {only_data[:5]} it doesn't list")
+    for key, entry in index.items():
+        where = f"tensor index entry '{key}'"
+        entry = as_obj(entry, where, ("dtype", "shape"))
+        shape = [as_int(s, where, 0) for s in as_list(entry["shape"], where)]
+        a = arrays[key]
+        if as_str(entry["dtype"], where) != a.dtype.name or tuple(shape) != a.shape:
+            raise fail(f"tensor '{key}'", f"is {a.dtype.name}{list(a.shape)} in the tensor section, "
+                                          f"but the header says {entry['dtype']}{shape}")
+
+
+# -- reading: the program ------------------------------------------------------------------
+
+def _dec_payload(x: Any, tensors: TensorReader, where: str) -> Payload:
+    d = as_obj(x, where, ("backend", "target", "blobs", "input_types", "output_types", "tensor_map", "meta"))
+    blobs = {}
+    for name, key in as_obj(d["blobs"], f"{where} blobs").items():
+        a = tensors.get(key, f"{where} blob '{name[:40]}'")
+        if a.dtype != np.uint8 or a.ndim != 1:
+            raise fail(f"{where} blob '{name[:40]}'", f"must be a 1-D uint8 tensor, got {a.dtype}{list(a.shape)}")
+        blobs[name] = a.tobytes()
+    tmap = {k: as_str(v, f"{where} tensor_map") for k, v in as_obj(d["tensor_map"], f"{where} tensor_map").items()}
+    return Payload(as_str(d["backend"], f"{where} backend"), as_str(d["target"], f"{where} target"), blobs,
+                   tuple(dec_type(t, f"{where} input type") for t in as_list(d["input_types"], where)),
+                   tuple(dec_type(t, f"{where} output type") for t in as_list(d["output_types"], where)),
+                   tmap, as_obj(d["meta"], f"{where} meta"))
+
+
+def _dec_partition(x: Any, tensors: TensorReader, source_names: set[str], where: str) -> Partition:
+    d = as_obj(x, where, ("name", "backend", "target", "values", "subgraph", "payload"))
+    name = as_str(d["name"], f"{where} name")
+    where = f"partition '{name[:40]}'"
+    sub = decode_graph(d["subgraph"], tensors, f"{where} subgraph")
+    payload = _dec_payload(d["payload"], tensors, f"{where} payload")
+    if (len(payload.input_types), len(payload.output_types)) != (len(sub.inputs), len(sub.outputs)):
+        raise fail(where, f"its payload has {len(payload.input_types)} inputs and {len(payload.output_types)} "
+                          f"outputs, its subgraph {len(sub.inputs)} and {len(sub.outputs)}")
+    values = tuple(as_str(v, f"{where} values") for v in as_list(d["values"], f"{where} values"))
+    unknown = [v for v in values if v not in source_names]
+    if unknown:
+        raise fail(where, f"computes values {unknown[:5]} that the source graph doesn't have")
+    return Partition(name, as_str(d["backend"], f"{where} backend"), as_str(d["target"], f"{where} target"),
+                     sub, payload, values)
+
+
+def _check_delegates(host: Graph, partitions: list[Partition]) -> None:
+    by_name = {p.name: p for p in partitions}
+    if len(by_name) != len(partitions):
+        raise fail("partitions", "two partitions have the same name")
+    for op in host.ops:
+        if op.kind != "delegate":
+            continue
+        where = f"host graph delegate %{op.results[0].name if op.results else '?'}"
+        part = by_name.get(op.attrs["partition"])
+        if part is None:
+            raise fail(where, f"calls partition '{op.attrs['partition'][:40]}', which the file doesn't contain")
+        if tuple(op.attrs["in_types"]) != part.input_types or tuple(op.attrs["out_types"]) != part.output_types:
+            raise fail(where, f"its boundary types differ from partition '{part.name}''s payload types")
+
+
+def _dec_decision(x: Any, source: Graph, where: str) -> HostDecision:
+    d = as_obj(x, where, ("op", "result", "reason"))
+    i = as_int(d["op"], f"{where} op", 0, len(source.ops) - 1)
+    op, name = source.ops[i], as_str(d["result"], f"{where} result")
+    actual = op.results[0].name if op.results else None
+    if actual != name:
+        raise fail(where, f"names %{name[:40]}, but op #{i} of the source graph produces %{actual}")
+    return HostDecision(op, as_str(d["reason"], f"{where} reason"))
+
+
+def _dec_meta(x: Any) -> dict[str, Any]:
+    meta = as_obj(x, "program meta")
+    threads = meta.get("threads")
+    if threads is not None and (type(threads) is not int or not 1 <= threads <= 4096):
+        raise fail("program meta", f"threads must be null or an integer in [1, 4096], got {str(threads)[:40]}")
+    return meta
+
+
+def _decode_program(header: Any, arrays: dict[str, np.ndarray]) -> Program:
+    h = as_obj(header, "program header", _HEADER_FIELDS)
+    if h["format"] != _FORMAT_NAME:
+        raise fail("program header", f"format is {str(h['format'])[:40]!r}, not {_FORMAT_NAME!r}")
+    _check_tensor_index(h["tensors"], arrays)
+    tensors = TensorReader(arrays)
+    host = decode_graph(h["host"], tensors, "host graph")
+    source = host if h["source"] is None else decode_graph(h["source"], tensors, "source graph")
+    names = {v.name for v in source.values()}
+    partitions = [_dec_partition(p, tensors, names, f"partition #{i}")
+                  for i, p in enumerate(as_list(h["partitions"], "partitions"))]
+    _check_delegates(host, partitions)
+    decisions = [_dec_decision(d, source, f"host decision #{i}")
+                 for i, d in enumerate(as_list(h["decisions"], "host decisions"))]
+    unused = sorted(set(arrays) - tensors.used)
+    if unused:
+        raise fail("tensor section", f"holds tensors {unused[:5]} that nothing refers to")
+    return Program(as_str(h["target"], "target"), host, source, partitions, decisions, _dec_meta(h["meta"]))
+
+
+def _read(path: str | os.PathLike) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise InvalidProgramError(f"can't read program file {os.fspath(path)}: {e.strerror or e}") from None
+
+
+def program_from_bytes(data: bytes, name: str = "program") -> Program:
+    """Decode a program file's bytes (see the module docstring for what is checked)."""
+    return _parse(data, name)[1]
+
+
+def _parse(data: bytes, name: str) -> tuple[int, Program]:
+    try:
+        version, body = _open_envelope(bytes(data))
+        header, arrays = _open_body(body)
+        return version, _decode_program(header, arrays)
+    except InvalidProgramError as e:
+        raise InvalidProgramError(f"{name}: {e}") from None
+
+
+def load(path: str | os.PathLike) -> Program:
+    """Load a program saved with ``Program.save``; exposed as ``qlower.load``."""
+    return program_from_bytes(_read(path), os.fspath(path))
+
+
+def inspect_program(path: str | os.PathLike) -> dict[str, Any]:
+    """What a program file holds, without running it (for ``qlower inspect``). The file is
+    fully checked, as by ``load``."""
+    data = _read(path)
+    version, prog = _parse(data, os.fspath(path))
+
+    def op_counts(g: Graph) -> dict[str, int]:
+        return dict(sorted(g.count_ops().items()))
+
+    return {
+        "file": os.fspath(path), "file_size": len(data), "format_version": version,
+        "target": prog.target, "targets": sorted({prog.target, *(p.target for p in prog.partitions)}),
+        "inputs": [f"%{v.name}: {v.type}" for v in prog.graph.inputs],
+        "outputs": [f"%{v.name}: {v.type}" for v in prog.graph.outputs],
+        "host_ops": op_counts(prog.graph),
+        "host_decisions": [{"value": d.op.results[0].name, "kind": d.op.kind, "reason": d.reason}
+                           for d in prog.decisions],
+        "partitions": [{"name": p.name, "backend": p.backend, "target": p.target,
+                        "ops": op_counts(p.subgraph),
+                        "inputs": [str(t) for t in p.input_types], "outputs": [str(t) for t in p.output_types],
+                        "blobs": {k: len(b) for k, b in p.payload.blobs.items()},
+                        "bytes": sum(len(b) for b in p.payload.blobs.values()), "meta": p.payload.meta}
+                       for p in prog.partitions],
+        "source_ops": op_counts(prog.source),
+        "meta": prog.meta,
+    }
