@@ -67,14 +67,40 @@ def cmd_compile(args) -> int:
                           verify_passes=args.verify_passes)
     print(prog.explain())
     if args.output:
-        out = Path(args.output)
-        out.mkdir(parents=True, exist_ok=True)
+        prog.save(args.output)
+        print(f"wrote {args.output}")
+    if args.artifacts:
+        out = Path(args.artifacts)
         for name, blob in prog.artifacts().items():
             dest = out / name
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(blob)
         (out / "summary.json").write_text(json.dumps(prog.summary(), indent=2, default=str))
         print(f"wrote {len(prog.artifacts())} artifact(s) and summary.json to {out}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    prog = qlower.load(args.program)
+    inputs = [np.load(p, allow_pickle=False) for p in args.input]
+    for note in sorted({p.payload.meta.get("execution") for p in prog.partitions} - {None}):
+        print(f"note: {note}")
+    outs = prog.run(*inputs)
+    for i, o in enumerate(outs):
+        print(f"output {i}: {o.dtype}{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}")
+    if args.output:
+        if len(outs) == 1:
+            np.save(args.output, outs[0], allow_pickle=False)
+        else:
+            np.savez(args.output, *outs)
+        print(f"wrote {args.output}")
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from qlower.program.fileformat import inspect_program
+
+    print(json.dumps(inspect_program(args.program), indent=2, default=str))
     return 0
 
 
@@ -120,8 +146,17 @@ def main(argv: list[str] | None = None) -> int:
         if name == "verify":
             c.add_argument("--json", help="also write the report as JSON")
         else:
-            c.add_argument("-o", "--output", help="directory for the artifacts")
+            c.add_argument("-o", "--output", help="write the program file here")
+            c.add_argument("--artifacts", help="also export the backends' files (e.g. .tosa) to this directory")
         c.set_defaults(fn=fn)
+    r = sub.add_parser("run", help="run a program file on .npy inputs")
+    r.add_argument("program")
+    r.add_argument("--input", action="append", default=[], help="an input as .npy (repeat for several)")
+    r.add_argument("--output", help="write the output(s) as .npy / .npz")
+    r.set_defaults(fn=cmd_run)
+    i = sub.add_parser("inspect", help="show a program file's targets, partitions, I/O types and sizes")
+    i.add_argument("program")
+    i.set_defaults(fn=cmd_inspect)
     args = p.parse_args(argv)
     try:
         return args.fn(args)
