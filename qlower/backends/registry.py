@@ -14,6 +14,19 @@ from qlower.backends.base import Backend
 _NPU_TARGETS: dict[str, tuple[str, str]] = {
     "tosa-1.0+int": ("qlower.backends.tosa", "TosaBackend"),
     "tosa-1.0+int+fp": ("qlower.backends.tosa", "TosaBackend"),
+    "ethos-u55-32": ("qlower.backends.ethosu", "EthosUBackend"),
+    "ethos-u55-64": ("qlower.backends.ethosu", "EthosUBackend"),
+    "ethos-u55-128": ("qlower.backends.ethosu", "EthosUBackend"),
+    "ethos-u55-256": ("qlower.backends.ethosu", "EthosUBackend"),
+    "ethos-u65-256": ("qlower.backends.ethosu", "EthosUBackend"),
+    "ethos-u65-512": ("qlower.backends.ethosu", "EthosUBackend"),
+    "ethos-u85-128": ("qlower.backends.ethosu", "EthosUBackend"),
+    "ethos-u85-256": ("qlower.backends.ethosu", "EthosUBackend"),
+    "ethos-u85-512": ("qlower.backends.ethosu", "EthosUBackend"),
+    "ethos-u85-1024": ("qlower.backends.ethosu", "EthosUBackend"),
+    "ethos-u85-2048": ("qlower.backends.ethosu", "EthosUBackend"),
+    "vgf": ("qlower.backends.vgf", "VgfBackend"),
+    "vgf+int": ("qlower.backends.vgf", "VgfBackend"),
 }
 HOST_TARGETS = ("reference", "cpu")
 

@@ -1,0 +1,160 @@
+"""The Ethos-U backend: TOSA-1.0+INT partitions compiled by Vela for one accelerator.
+
+``lower`` = the TOSA backend's lowering (profile TOSA-1.0+INT), then Vela. The
+payload's boundary types are built from what Vela reports it reads and writes
+(DESIGN.md rule 6): the element size of each IO tensor together with the TOSA
+tensor's dtype; when that disagrees with the subgraph's type, lowering fails
+with a CompileError instead of letting bytes be reinterpreted.
+
+No Ethos-U simulator is installable here, so ``execute`` runs the same TOSA
+partition (``blobs["graph.tosa"]``) on the TOSA reference model; the payload
+says so in ``meta["execution"]``. The NPU numbers in ``meta["perf"]`` are
+Vela's estimates, not measurements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from qlower.backends.base import Backend, Payload, Verdict
+from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
+from qlower.backends.ethosu.vela import ACCELERATORS, IOTensor, VelaConfig, compile_tosa, vela_config
+from qlower.errors import CompileError, ExecutionError
+from qlower.ir import DType, Graph, Op, TensorType, Value
+
+TOSA_PROFILE = "tosa-1.0+int"
+TRACE_BLOB = "trace.tosa"
+EXECUTION = "simulated: TOSA reference model"
+# TOSA dtype name -> (IR dtype, bytes per element)
+_TOSA_DTYPES: dict[str, tuple[DType, int]] = {
+    "BOOL": (DType.BOOL, 1), "INT8": (DType.INT8, 1), "INT16": (DType.INT16, 2), "INT32": (DType.INT32, 4),
+}
+
+
+def _tosa_backend() -> Backend:
+    from qlower.backends.tosa import TosaBackend
+
+    return TosaBackend()
+
+
+def boundary_type(io: IOTensor, value: Value, direction: str) -> TensorType:
+    """The type of ``value`` as Vela reads/writes it; CompileError when it isn't the subgraph's type."""
+    where = f"partition {direction} %{value.name} (Vela tensor {io.name})"
+    if io.dtype not in _TOSA_DTYPES:
+        raise CompileError(f"{where}: Vela moves {io.dtype} tensors, which qlower has no type for")
+    dtype, size = _TOSA_DTYPES[io.dtype]
+    if io.element_size != size:
+        raise CompileError(f"{where}: Vela uses {io.element_size} byte(s) per element for a {io.dtype} tensor, "
+                           f"expected {size}; refusing to reinterpret the buffer")
+    if dtype is not value.dtype or io.shape != value.shape:
+        raise CompileError(f"{where}: Vela {'reads' if direction == 'input' else 'writes'} "
+                           f"{dtype.value}{list(io.shape)} ({io.element_size} byte(s) per element), the subgraph "
+                           f"value is {value.type}; refusing to reinterpret the buffer")
+    if io.size < value.type.numel * size:
+        raise CompileError(f"{where}: Vela's buffer holds {io.size} bytes, the value needs {value.type.nbytes}")
+    return TensorType(io.shape, dtype, value.quant)
+
+
+def _lower_unvalidated(graph: Graph) -> tuple[bytes, list[str]]:
+    """TOSA bytes (and operator names) of a one-op graph for a verdict. tosa-opt validation
+    (a subprocess, ~0.1 s) is skipped: Vela validates its TOSA input itself."""
+    from qlower.backends.tosa.lowering import lower_graph
+    from qlower.backends.tosa.support import profile_for
+
+    writer = lower_graph(graph, profile_for(TOSA_PROFILE)).writer
+    return writer.serialize(), sorted(writer.op_counts())
+
+
+class EthosUBackend(Backend):
+    """Arm Ethos-U55/U65/U85 through Vela. Options: Vela's system config and memory mode
+    (defaults: Vela's own per family), ``per_layer`` for Vela's per-operator estimate in
+    the payload meta, Vela's ``optimise`` goal ("Performance" or "Size"), and ``trace``
+    to keep the TOSA backend's trace graph (``blobs["trace.tosa"]``) so that the simulated
+    run can report every intermediate tensor for per-layer comparison."""
+
+    name = "ethos-u"
+    targets = ACCELERATORS
+
+    def __init__(self, system_config: str | None = None, memory_mode: str | None = None,
+                 per_layer: bool = False, optimise: str = "Performance", trace: bool = False) -> None:
+        self.system_config, self.memory_mode = system_config, memory_mode
+        self.per_layer, self.optimise, self.trace = per_layer, optimise, trace
+        self.facts = GraphFacts()
+        self._tosa: Backend | None = None
+
+    @property
+    def tosa(self) -> Backend:
+        if self._tosa is None:
+            self._tosa = _tosa_backend()
+        return self._tosa
+
+    def config(self, target: str) -> VelaConfig:
+        return vela_config(target, self.system_config, self.memory_mode)
+
+    def prepare(self, graph: Graph) -> None:
+        """Remember the graph about to be partitioned (its inputs, outputs and constants),
+        so that ``supports`` can keep boundary transposes on the host and check ops
+        with their real constant data."""
+        self.facts = GraphFacts.of(graph)
+
+    def supports(self, op: Op, target: str) -> Verdict:
+        return ethosu_verdict(op, self.config(target), self.facts,
+                              lambda o: self.tosa.supports(o, TOSA_PROFILE), _lower_unvalidated)
+
+    def lower(self, subgraph: Graph, target: str, trace: bool = False) -> Payload:
+        """TOSA-1.0+INT lowering, then Vela; with ``trace`` (or the ``trace`` option) the payload
+        also carries the TOSA trace graph for ``execute_traced``."""
+        config = self.config(target)
+        if not subgraph.outputs:
+            raise CompileError(f"partition '{subgraph.name}' has no outputs: Vela has nothing to compile "
+                               "(dead code; run dead-code elimination before partitioning)")
+        trace = trace or self.trace
+        tosa = self.tosa.lower(subgraph, TOSA_PROFILE, trace=trace)
+        graph_tosa = tosa.blobs["graph.tosa"]
+        result = compile_tosa(graph_tosa, config, per_layer=self.per_layer, optimise=self.optimise)
+        if len(result.inputs) != len(subgraph.inputs) or len(result.outputs) != len(subgraph.outputs):
+            raise CompileError(f"Vela's command stream has {len(result.inputs)} inputs and {len(result.outputs)} "
+                               f"outputs, the partition {len(subgraph.inputs)} and {len(subgraph.outputs)}")
+        in_types = tuple(boundary_type(io, v, "input") for io, v in zip(result.inputs, subgraph.inputs))
+        out_types = tuple(boundary_type(io, v, "output") for io, v in zip(result.outputs, subgraph.outputs))
+        for mine, theirs, what in ((in_types, tosa.input_types, "inputs"), (out_types, tosa.output_types, "outputs")):
+            if tuple(mine) != tuple(theirs):
+                raise CompileError(f"the TOSA graph's {what} are {[str(t) for t in theirs]}, Vela moves "
+                                   f"{[str(t) for t in mine]}")
+        meta: dict[str, Any] = {
+            "accelerator": config.accelerator, "system_config": config.system_config,
+            "memory_mode": config.memory_mode, "macs_per_cycle": config.macs * config.cores,
+            "scratch_size": result.scratch_size, "scratch_fast_size": result.scratch_fast_size,
+            "command_stream_bytes": len(result.command_stream), "read_only_bytes": len(result.read_only),
+            "io": ([{"kind": "input", "value": v.name, **io.as_meta()} for io, v in zip(result.inputs, subgraph.inputs)]
+                   + [{"kind": "output", "value": v.name, **io.as_meta()}
+                      for io, v in zip(result.outputs, subgraph.outputs)]),
+            "perf": result.perf, "execution": EXECUTION, "vela_seconds": round(result.seconds, 4),
+            "tosa": tosa.meta,
+        }
+        if result.per_layer is not None:
+            meta["per_layer"] = result.per_layer
+        blobs = {"graph.tosa": graph_tosa, "command_stream.bin": result.command_stream,
+                 "read_only.bin": result.read_only}
+        if TRACE_BLOB in tosa.blobs:
+            blobs[TRACE_BLOB] = tosa.blobs[TRACE_BLOB]
+        return Payload(self.name, target, blobs, in_types, out_types, dict(tosa.tensor_map), meta)
+
+    def _tosa_payload(self, payload: Payload) -> Payload:
+        if "graph.tosa" not in payload.blobs:
+            raise ExecutionError(f"the Ethos-U payload for {payload.target} has no graph.tosa to simulate it with; "
+                                 "recompile the program")
+        blobs = {k: payload.blobs[k] for k in ("graph.tosa", TRACE_BLOB) if k in payload.blobs}
+        return Payload("tosa", TOSA_PROFILE, blobs, payload.input_types,
+                       payload.output_types, dict(payload.tensor_map), dict(payload.meta.get("tosa", {})))
+
+    def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Simulated: the partition's TOSA graph on the TOSA reference model (no Ethos-U simulator here)."""
+        return self.tosa.execute(self._tosa_payload(payload), inputs)
+
+    def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
+                       tensors: Sequence[str]) -> dict[str, np.ndarray]:
+        return self.tosa.execute_traced(self._tosa_payload(payload), inputs, tensors)

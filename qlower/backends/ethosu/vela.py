@@ -1,0 +1,291 @@
+"""Arm Vela, in process: TOSA 1.0 flatbuffer bytes -> Ethos-U command stream.
+
+Vela 5.2's C++ core (``ethosu.regor``) compiles a TOSA flatbuffer from memory
+in about a millisecond, so qlower calls it directly rather than through the
+``vela`` command line and files. This module is the only place that talks to
+Vela; it guarantees:
+
+* Only bytes carrying the TOSA file identifier reach ``regor.compile``:
+  handing it bytes in the wrong format kills the Python process (segfault), so
+  the format is checked by magic bytes first and anything else is a
+  ``CompileError``.
+* Every failure surfaces as a ``VelaRejection`` (a ``CompileError``) carrying
+  Vela's own message and, where Vela names them, the rejected operator types.
+* IO descriptions are what Vela reports it reads and writes (element size,
+  region, byte offset); Vela's raw output has no names or dtypes, so those come
+  from the TOSA graph's block inputs/outputs, which Vela keeps in order.
+
+Accelerator configurations (MACs, system config, memory mode) are validated by
+Vela's own ``ArchitectureFeatures`` against its bundled ``vela.ini``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from qlower.errors import CompileError
+
+TOSA_MAGIC = b"TOSA"    # flatbuffer file identifier, bytes 4..8
+TFLITE_MAGIC = b"TFL3"
+
+# Every accelerator configuration Vela 5.2 knows (architecture_features.Accelerator).
+ACCELERATORS: tuple[str, ...] = (
+    "ethos-u55-32", "ethos-u55-64", "ethos-u55-128", "ethos-u55-256",
+    "ethos-u65-256", "ethos-u65-512",
+    "ethos-u85-128", "ethos-u85-256", "ethos-u85-512", "ethos-u85-1024", "ethos-u85-2048",
+)
+# Vela's defaults when no system config / memory mode is given (as its command line picks them).
+DEFAULT_SYSTEM: dict[str, tuple[str, str]] = {
+    "ethos-u55": ("Ethos_U55_High_End_Embedded", "Shared_Sram"),
+    "ethos-u65": ("Ethos_U65_Client_Server", "Dedicated_Sram_384KB"),
+    "ethos-u85": ("Ethos_U85_SYS_DRAM_Mid", "Dedicated_Sram_384KB"),
+}
+
+T = TypeVar("T")
+
+
+def detect_format(buf: bytes) -> str | None:
+    """``"TOSA"`` or ``"TFLITE"`` from the flatbuffer file identifier, None for anything else."""
+    if len(buf) >= 8 and buf[4:8] == TOSA_MAGIC:
+        return "TOSA"
+    if len(buf) >= 8 and buf[4:8] == TFLITE_MAGIC:
+        return "TFLITE"
+    return None
+
+
+def capture_fds(fn: Callable[[], T]) -> tuple[T | None, BaseException | None, str]:
+    """Run ``fn`` with file descriptors 1 and 2 redirected; returns (result, exception, text).
+
+    Vela's C++ core (and the TOSA libraries) print through C stdio, which
+    ``contextlib.redirect_stdout`` does not see.
+    """
+    with tempfile.TemporaryFile() as tmp:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        saved = os.dup(1), os.dup(2)
+        result: T | None = None
+        exc: BaseException | None = None
+        try:
+            os.dup2(tmp.fileno(), 1)
+            os.dup2(tmp.fileno(), 2)
+            try:
+                result = fn()
+            except Exception as e:  # regor raises RuntimeError / ValueError
+                exc = e
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+        tmp.seek(0)
+        return result, exc, tmp.read().decode(errors="replace")
+
+
+# -- accelerator configuration ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class VelaConfig:
+    """One accelerator in one system: what ``regor.compile`` needs besides the model."""
+
+    accelerator: str        # e.g. "ethos-u85-256"
+    system_config: str      # vela.ini System_Config section
+    memory_mode: str        # vela.ini Memory_Mode section
+    arch: str               # regor's architecture name, e.g. "EthosU85"
+    macs: int
+    cores: int
+    arena_cache_size: int
+    core_clock: float       # Hz, from the system config
+    ini_text: str
+
+    def sysconfig(self) -> str:
+        return (f"[architecture]\nmacs={self.macs}\ncores={self.cores}\n"
+                f"[vela]\nsystem_config_name={self.system_config}\nmemory_mode_name={self.memory_mode}\n"
+                + self.ini_text)
+
+    def options(self, per_layer: bool = False, optimise: str = "Performance") -> str:
+        """Compiler options as Vela's command line writes them (raw output, COP1 driver header)."""
+        return ("[compiler]\n" + ("enable_db=true\n" if per_layer else "")
+                + "output_format=Raw\ncop_format=COP1\n"
+                + f"[scheduler]\noptimize={optimise}\narena_size_limit={self.arena_cache_size}\n"
+                + "cpu_tensor_alignment=16\ntensor_allocator=HillClimb\n[graph]\n")
+
+
+@functools.cache
+def vela_config(accelerator: str, system_config: str | None = None, memory_mode: str | None = None) -> VelaConfig:
+    """Validate an accelerator / system config / memory mode triple against Vela's vela.ini."""
+    if accelerator not in ACCELERATORS:
+        raise CompileError(f"unknown Ethos-U accelerator {accelerator!r}; Vela knows {', '.join(ACCELERATORS)}")
+    from ethosu.vela import architecture_features as af
+
+    family = "-".join(accelerator.split("-")[:2])
+    default_sys, default_mem = DEFAULT_SYSTEM[family]
+    ini = os.path.join(af.CONFIG_FILES_PATH, "Arm", "vela.ini")
+    arch, exc, log = capture_fds(lambda: af.ArchitectureFeatures(
+        vela_config_files=[ini], accelerator_config=accelerator,
+        system_config=system_config or default_sys, memory_mode=memory_mode or default_mem,
+        max_blockdep=af.ArchitectureFeatures.MAX_BLOCKDEP, verbose_config=False, arena_cache_size=None))
+    if exc is not None or arch is None:
+        raise CompileError(f"Vela rejects the configuration {accelerator} / system config "
+                           f"{system_config or default_sys} / memory mode {memory_mode or default_mem}: "
+                           f"{exc or log.strip()}; see the sections of {ini}")
+    with open(ini, encoding="utf-8") as f:
+        ini_text = f.read()
+    regor_arch = "".join(p.capitalize() for p in family.split("-"))  # ethos-u85 -> EthosU85
+    return VelaConfig(accelerator, arch.system_config, arch.memory_mode, regor_arch, int(arch.num_macs_per_cycle),
+                      int(arch.ncores), int(arch.arena_cache_size), float(arch.core_clock), ini_text)
+
+
+# -- rejections ------------------------------------------------------------------------------
+
+class VelaRejection(CompileError):
+    """Vela refused a graph. ``ops`` holds (operator type, reasons) where Vela named them."""
+
+    def __init__(self, accelerator: str, kind: str, ops: tuple[tuple[str, tuple[str, ...]], ...], detail: str):
+        self.accelerator, self.kind, self.ops, self.detail = accelerator, kind, ops, detail
+        super().__init__(f"Vela ({accelerator}): {self.summary()}")
+
+    def summary(self) -> str:
+        if self.kind == "validation" and self.ops:
+            return "TOSA validation: " + "; ".join(f"{op}: {', '.join(r)}" for op, r in self.ops)
+        return self.detail
+
+
+def parse_rejection(accelerator: str, message: str) -> VelaRejection:
+    """Vela's exception text as a VelaRejection (formats observed with Vela 5.2)."""
+    text = message.strip()
+    m = re.search(r"Non-passthrough operation \((\w+)\) could not run on NPU", text)
+    if m:
+        return VelaRejection(accelerator, "npu_support", ((m.group(1), ()),), m.group(0))
+    if "Validation error:" in text:
+        ops: list[tuple[str, list[str]]] = []
+        for line in text.split("Validation error:", 1)[1].splitlines():
+            if line.startswith(" - ") and ops:
+                ops[-1][1].append(line[3:].strip())
+            elif line.strip().endswith(":"):
+                ops.append((line.strip()[:-1], []))
+        return VelaRejection(accelerator, "validation", tuple((o, tuple(r)) for o, r in ops), text)
+    if "TOSA FB Reader error" in text:
+        return VelaRejection(accelerator, "reader", (), " ".join(text.split()))
+    return VelaRejection(accelerator, "other", (), " ".join(text.split()))
+
+
+# -- results ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class IOTensor:
+    """One input or output as the NPU sees it: ``element_size`` bytes per element at
+    ``offset`` in memory ``region`` (1 = the scratch arena for COP1 command streams)."""
+
+    name: str
+    dtype: str                  # TOSA dtype name of the graph tensor, e.g. "INT8"
+    shape: tuple[int, ...]      # shape in the TOSA graph
+    npu_shape: tuple[int, ...]  # Vela's (6-D padded) shape
+    element_size: int
+    size: int
+    region: int
+    offset: int
+
+    def as_meta(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "element_size": self.element_size,
+                "size": self.size, "region": self.region, "offset": self.offset}
+
+
+@dataclass(frozen=True)
+class VelaResult:
+    config: VelaConfig
+    command_stream: bytes       # driver header ("COP1", config, id) + NPU register command stream
+    read_only: bytes            # encoded weights, biases/scales, LUTs (region 0)
+    scratch_size: int           # arena (region 1), IO tensors included
+    scratch_fast_size: int      # SRAM cache (region 2); 0 unless a Dedicated_Sram memory mode
+    inputs: tuple[IOTensor, ...]
+    outputs: tuple[IOTensor, ...]
+    perf: dict[str, Any]
+    per_layer: list[dict[str, Any]] | None
+    seconds: float
+
+
+def tosa_block_io(buf: bytes) -> tuple[list[tuple[str, str, tuple[int, ...]]], list[tuple[str, str, tuple[int, ...]]]]:
+    """(name, dtype name, shape) of the main block's inputs and outputs, in order."""
+    from tosa import DType, TosaGraph
+
+    names = {v: k for k, v in vars(DType.DType).items() if k.isupper()}
+    block = TosaGraph.TosaGraph.GetRootAs(buf, 0).Regions(0).Blocks(0)
+    tensors = {block.Tensors(i).Name(): block.Tensors(i) for i in range(block.TensorsLength())}
+
+    def describe(name: bytes) -> tuple[str, str, tuple[int, ...]]:
+        t = tensors[name]
+        return name.decode(), names[t.Type()], tuple(int(d) for d in t.ShapeAsNumpy())
+
+    return ([describe(block.Inputs(i)) for i in range(block.InputsLength())],
+            [describe(block.Outputs(i)) for i in range(block.OutputsLength())])
+
+
+def _perf(report: Any, core_clock: float) -> dict[str, Any]:
+    memories = {}
+    for name, mem in report.memories.items():
+        acc = mem.accesses.values()
+        memories[name] = {"peak_bytes": int(mem.peakUsage), "read_bytes": int(sum(a.bytesRead for a in acc)),
+                          "write_bytes": int(sum(a.bytesWritten for a in acc)),
+                          "access_cycles": int(mem.totalAccessCycles)}
+    return {"npu_cycles": int(report.npuCycles), "total_cycles": int(report.totalCycles),
+            "macs": int(report.macCount), "npu_ops": int(report.npuOps), "cascades": int(report.cascades),
+            "original_weight_bytes": int(report.originalWeights), "encoded_weight_bytes": int(report.encodedWeights),
+            "core_clock_hz": core_clock, "inference_seconds": int(report.totalCycles) / core_clock,
+            "memories": memories}
+
+
+def _per_layer(db: Any) -> list[dict[str, Any]]:
+    """Vela's per-operator estimate (its ``perf`` table, names from the ``source`` table)."""
+    def rows(name: str) -> list[dict[str, str]]:
+        t = db.tables.get(name)
+        return [dict(zip(t.header, r)) for r in t.data] if t is not None else []
+
+    source_ops = {r["id"]: r["operator"] for r in rows("source")}
+    out = []
+    for r in rows("perf"):
+        out.append({"source_operator": source_ops.get(r.get("source_id"), ""), "operator": r.get("operator", ""),
+                    "tensor": r.get("name", ""), "op_cycles": int(r.get("op_cycles") or 0),
+                    "npu_cycles": int(r.get("npu_cycles") or 0), "macs": int(r.get("mac_count") or 0)})
+    return out
+
+
+def _io(raw: list[Any], described: list[tuple[str, str, tuple[int, ...]]], what: str) -> tuple[IOTensor, ...]:
+    if len(raw) != len(described):
+        raise CompileError(f"Vela reports {len(raw)} {what}s, the TOSA graph has {len(described)}")
+    return tuple(IOTensor(name, dtype, shape, tuple(int(d) for d in t.shape), int(t.element_size), int(t.size),
+                          int(t.region), int(t.address))
+                 for t, (name, dtype, shape) in zip(raw, described))
+
+
+def compile_tosa(buf: bytes, config: VelaConfig, per_layer: bool = False, optimise: str = "Performance") -> VelaResult:
+    """Compile a TOSA 1.0 flatbuffer for ``config``; raises VelaRejection when Vela refuses it."""
+    buf = bytes(buf)
+    fmt = detect_format(buf)
+    if fmt != "TOSA":
+        raise CompileError(f"not a TOSA flatbuffer (file identifier {buf[4:8]!r}, expected {TOSA_MAGIC!r}); "
+                           "only TOSA graphs are handed to Vela")
+    from ethosu import regor
+
+    t0 = time.perf_counter()
+    cm, exc, log = capture_fds(lambda: regor.compile(config.arch, buf, fmt, config.sysconfig(),
+                                                     options=config.options(per_layer, optimise), verbose=False))
+    seconds = time.perf_counter() - t0
+    if exc is not None or cm is None:
+        raise parse_rejection(config.accelerator, str(exc) if exc is not None else log)
+    if not isinstance(cm, regor.CompiledRawModel):
+        raise CompileError(f"Vela returned {type(cm).__name__}, expected a raw command stream")
+    ins, outs = tosa_block_io(buf)
+    return VelaResult(config, bytes(cm.command_stream), bytes(cm.read_only.data), int(cm.scratch.size),
+                      int(cm.scratch_fast.size), _io(list(cm.inputs), ins, "input"), _io(list(cm.outputs), outs, "output"),
+                      _perf(cm.perf_report, config.core_clock), _per_layer(cm.opt_database) if per_layer else None,
+                      seconds)
