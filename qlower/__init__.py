@@ -1,5 +1,8 @@
 """qlower: PyTorch → int8 programs for CPUs and Arm NPUs, verified stage by stage."""
 
+# Load the verify package before binding the verify function: a package's first import
+# sets it as an attribute of qlower, which would otherwise hide ``qlower.verify(...)``.
+import qlower.verify as _verify_package  # noqa: F401,I001
 from qlower.api import compile, verify
 from qlower.frontend.config import QuantConfig
 from qlower.program import Program

@@ -27,7 +27,8 @@ def _png(fig) -> bytes:
 
 
 def error_plot(report: VerificationReport) -> bytes:
-    """Per layer: max steps reference↔fake-quant (bars), SQNR vs fp32 (line), target↔reference steps (red)."""
+    """Per layer: steps reference↔fake-quant in isolation (bars) and end to end (dotted), SQNR vs fp32
+    (line), target↔reference steps (red crosses)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,9 +37,11 @@ def error_plot(report: VerificationReport) -> bytes:
     rows = report.layers
     xs = list(range(len(rows)))
     fig, ax = plt.subplots(figsize=(max(6.0, 0.18 * len(rows) + 3), 3.6))
-    steps = [r.ref_vs_fake_quant.max_steps if r.ref_vs_fake_quant else 0.0 for r in rows]
+    isolated = [r.isolated_vs_fake_quant.max_steps if r.isolated_vs_fake_quant else 0.0 for r in rows]
+    drift = [r.ref_vs_fake_quant.max_steps if r.ref_vs_fake_quant else float("nan") for r in rows]
     colors = [_PART_COLORS[0] if r.inside_partition else _HOST_COLOR for r in rows]
-    ax.bar(xs, steps, color=colors, label="reference ↔ fake-quant (max steps)")
+    ax.bar(xs, isolated, color=colors, label="reference ↔ fake-quant, layer alone (max steps)")
+    ax.plot(xs, drift, color="#999999", lw=1, ls=":", label="end to end (accumulated drift)")
     tgt = [(i, r.target_vs_ref.max_steps) for i, r in enumerate(rows) if r.target_vs_ref and r.target_vs_ref.max_steps > 0]
     if tgt:
         ax.scatter([i for i, _ in tgt], [s for _, s in tgt], color="red", zorder=3, marker="x", s=60,
@@ -46,6 +49,7 @@ def error_plot(report: VerificationReport) -> bytes:
     ax.axhline(1.0, color="black", lw=0.8, ls="--")
     ax.set_xlabel("layer (graph order)")
     ax.set_ylabel("max difference (quantization steps)")
+    ax.set_yscale("symlog", linthresh=2)
     ax2 = ax.twinx()
     sq = [r.ref_vs_fake_quant.sqnr_db if r.ref_vs_fake_quant and r.ref_vs_fake_quant.sqnr_db is not None else float("nan")
           for r in rows]
@@ -99,6 +103,7 @@ def render_html(report: VerificationReport) -> str:
     layer_rows = "".join(
         f"<tr class='{'inside' if r.inside_partition else 'host'}'><td>{html.escape(r.module or r.op)}</td>"
         f"<td>{html.escape(r.source)}</td><td>{html.escape(r.type)}</td>"
+        f"<td>{_fmt(r.isolated_vs_fake_quant and r.isolated_vs_fake_quant.max_steps)}</td>"
         f"<td>{_fmt(r.ref_vs_fake_quant and r.ref_vs_fake_quant.max_steps)}</td>"
         f"<td>{_fmt(r.ref_vs_fake_quant and 100 * r.ref_vs_fake_quant.exact_share, '{:.1f}')}</td>"
         f"<td>{_fmt(r.ref_vs_fake_quant and r.ref_vs_fake_quant.sqnr_db, '{:.1f}')}</td>"
@@ -122,7 +127,8 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} tr.inside td:first-child 
 <h2>Partitioning</h2>{_img(partition_picture(report), "partitioning")}
 <table id="partitions"><tr><th>partition</th><th>backend</th><th>ops</th><th>reads</th><th>writes</th></tr>{part_rows}</table>
 <h2>Layers</h2>
-<table id="layers"><tr><th>layer</th><th>source</th><th>type</th><th>ref↔fake-quant steps</th><th>exact %</th>
+<table id="layers"><tr><th>layer</th><th>source</th><th>type</th><th>isolated steps</th>
+<th>end-to-end steps</th><th>exact %</th>
 <th>SQNR dB</th><th>{html.escape(report.target)}↔ref steps</th></tr>{layer_rows}</table>
 </body></html>
 """

@@ -62,6 +62,7 @@ def compare_floats(values: np.ndarray, other: np.ndarray, fp32: np.ndarray | Non
                    scale: float | None = None) -> Comparison:
     a, b = np.asarray(values, np.float64), np.asarray(other, np.float64)
     diff = np.abs(a - b)
-    steps = float(diff.max(initial=0.0) / scale) if scale else float("nan")
+    # rounded so that float noise in dequantized values doesn't turn 1 step into 1.0000001
+    steps = round(float(diff.max(initial=0.0) / scale), 6) if scale else float("nan")
     return Comparison(steps, float(np.mean(diff == 0)) if diff.size else 1.0, float(diff.max(initial=0.0)),
                       None if fp32 is None else sqnr_db(fp32, a))

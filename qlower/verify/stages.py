@@ -19,6 +19,7 @@ import torch
 from qlower.ir import Graph, Value
 from qlower.program import Program, as_numpy
 from qlower.reference import run_graph
+from qlower.verify.isolated import isolated_codes
 from qlower.verify.metrics import compare_codes, compare_floats, to_codes
 from qlower.verify.report import LayerRow, OutputRow, VerificationReport
 
@@ -38,6 +39,15 @@ def capture_torch_values(module: Any, inputs: Sequence[Any]) -> dict[str, np.nda
 
     with torch.no_grad():
         Recorder(module).run(*inputs)
+    # PT2E folds batch norm into the conv before quantizing, so the quantized graph's
+    # conv node stands for the float graph's conv → batch-norm pair: alias the pair.
+    for n in module.graph.nodes:
+        users = list(n.users)
+        if n.name in values and len(users) == 1 and "batch_norm" in str(users[0].target):
+            bn = users[0]
+            out = next((u for u in bn.users if "getitem" in str(u.target)), bn)
+            if out.name in values:
+                values[n.name] = values[out.name]
     return values
 
 
@@ -48,6 +58,22 @@ def _torch_value_in_ir_layout(v: Value, values: dict[str, np.ndarray]) -> np.nda
     if v.origin.layout is not None and t.ndim == len(v.origin.layout):
         t = np.transpose(t, v.origin.layout)
     return t if tuple(t.shape) == v.shape else None
+
+
+def _representable(fp32: np.ndarray | None, v: Value) -> np.ndarray | None:
+    """fp32 values clipped to the range ``v``'s type can hold.
+
+    A conv fused with a relu has its int8 value before the clamp typed with the
+    relu's range, so the fp32 conv output's negative part is outside it by design;
+    SQNR then measures rounding noise, and saturation shows up in the step counts.
+    """
+    if fp32 is None:
+        return None
+    q = v.quant
+    rank = fp32.ndim
+    lo = (q.qmin - q.zero_point_array(rank)) * q.scale_array(rank)
+    hi = (q.qmax - q.zero_point_array(rank)) * q.scale_array(rank)
+    return np.clip(fp32, lo, hi)
 
 
 def _layers(graph: Graph) -> list[Value]:
@@ -98,17 +124,22 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
     tgt_outs, tgt_named = (ref_outs, ref_named) if program.target == "reference" else _target_values(program, np_inputs)
 
     where = {name: p.name for p in program.partitions for name in p.values}
+    layers = _layers(program.source)
+    isolated = isolated_codes(program.source, layers, dict(zip(program.source.inputs, np_inputs)),
+                              lambda u: _torch_value_in_ir_layout(u, fq_values))
     rows: list[LayerRow] = []
-    for v in _layers(program.source):
+    for v in layers:
         ref = ref_named[v.name]
         fq = _torch_value_in_ir_layout(v, fq_values)
-        fp = _torch_value_in_ir_layout(v, fp32_values)
+        fp = _representable(_torch_value_in_ir_layout(v, fp32_values), v)
         tgt = tgt_named.get(v.name)
         rows.append(LayerRow(
             value=v.name, op=v.origin.node, module=v.origin.module, source=v.origin.source, type=str(v.type),
             ref_vs_fake_quant=None if fq is None else compare_codes(ref, to_codes(fq, v.quant), v.quant, fp),
             target_vs_ref=None if tgt is None or tgt.shape != ref.shape else compare_codes(tgt, ref, v.quant),
             inside_partition=v.name in where,
+            isolated_vs_fake_quant=None if fq is None or v not in isolated
+            else compare_codes(isolated[v], to_codes(fq, v.quant), v.quant),
         ))
     outputs = []
     for i, (v, ref) in enumerate(zip(program.source.outputs, ref_outs)):
