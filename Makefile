@@ -14,10 +14,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# Test-only system dependencies: Vulkan (lavapipe + ML SDK) for VGF, Chromium for the HTML report.
+TEST_STAMP := $(VENV)/.test-deps
+$(TEST_STAMP): $(STAMP) scripts/setup_vulkan.sh scripts/setup_browser.sh
+	scripts/setup_browser.sh
+	scripts/setup_vulkan.sh
+	touch $(TEST_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/qlower demo
 
-test: $(STAMP)
+test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
 fuzz: $(STAMP)

@@ -1,0 +1,273 @@
+"""The VGF backend: TOSA 1.0 partitions converted to VGF for the ML extensions for Vulkan.
+
+Targets: ``vgf`` (profile TOSA-1.0+INT+FP) and ``vgf+int`` (TOSA-1.0+INT).
+``supports`` is the TOSA backend's verdict for that profile. ``lower`` = the
+TOSA backend's lowering (validated by tosa-opt), then the ML SDK model
+converter; the payload holds both files (``graph.tosa``, ``model.vgf``). Its
+boundary types are read back from the VGF's input and output tensors (DESIGN.md
+rule 6): a VGF tensor whose format or shape is not the subgraph value's is a
+CompileError, never a reinterpreted buffer.
+
+Execution (``meta["execution"]`` says which, in plain words):
+- ``vulkan: ...``: the VGF runs on Vulkan through the ML SDK scenario runner and
+  the ML emulation layer (see ``runner``), decided at lowering time by running a
+  probe graph once per process;
+- ``simulated: TOSA reference model (reason: ...)``: this machine can't run VGF
+  (the reason is the exact failure), so the partition's TOSA graph runs on the
+  TOSA reference model instead.
+Per-layer tracing: ``lower(..., trace=True)`` also converts the TOSA trace graph
+(intermediates as extra outputs) to ``trace.vgf``, which ``execute_traced`` runs the
+same way, so the intermediates come from the same execution path as the outputs.
+``VgfBackend(execution=...)`` (or the environment variable QLOWER_VGF_EXECUTION)
+chooses: ``auto`` (default, as above), ``vulkan`` (lowering fails when Vulkan
+can't run here) or ``simulate``. A payload lowered for Vulkan never silently
+falls back: on a machine without the runtime its execution is an ExecutionError.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from qlower.backends.base import Backend, Payload, Verdict
+from qlower.backends.vgf.container import VgfModel, VgfTensor, read_vgf
+from qlower.backends.vgf.converter import tosa_to_vgf
+from qlower.backends.vgf.runner import TensorSpec, VulkanUnavailable, run_vgf, specs_from_meta
+from qlower.errors import CompileError, ExecutionError, InputError
+from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, Value
+
+PROFILES: dict[str, str] = {"vgf": "tosa-1.0+int+fp", "vgf+int": "tosa-1.0+int"}
+GRAPH_TOSA, MODEL_VGF = "graph.tosa", "model.vgf"
+TRACE_TOSA, TRACE_VGF = "trace.tosa", "trace.vgf"
+VULKAN = "vulkan"
+SIMULATED = "simulated: TOSA reference model"
+MODES = ("auto", "vulkan", "simulate")
+
+
+def _tosa_backend() -> Backend:
+    from qlower.backends.tosa import TosaBackend
+
+    return TosaBackend()
+
+
+def _io_meta(model: VgfModel) -> list[dict]:
+    return ([{"kind": "input", **t.as_meta()} for t in model.inputs]
+            + [{"kind": "output", **t.as_meta()} for t in model.outputs])
+
+
+def profile_for(target: str) -> str:
+    try:
+        return PROFILES[target]
+    except KeyError:
+        raise CompileError(f"unknown VGF target '{target}'; known: {', '.join(PROFILES)}") from None
+
+
+def boundary_type(tensor: VgfTensor, value: Value, direction: str) -> TensorType:
+    """The type of ``value`` as the VGF reads/writes it; CompileError when it isn't the subgraph's type."""
+    where = f"partition {direction} %{value.name} (VGF tensor {tensor.name}, binding {tensor.binding})"
+    if tensor.dtype is None:
+        raise CompileError(f"{where}: the VGF moves {tensor.vk_format} tensors, which qlower has no type for")
+    if tensor.dtype is not value.dtype or tensor.shape != value.shape:
+        raise CompileError(f"{where}: the VGF {'reads' if direction == 'input' else 'writes'} {tensor.vk_format}"
+                           f"{list(tensor.shape)}, the subgraph value is {value.type}; refusing to reinterpret "
+                           "the buffer")
+    return TensorType(tensor.shape, tensor.dtype, value.quant)
+
+
+@functools.lru_cache(maxsize=1)
+def vulkan_status() -> tuple[bool, str]:
+    """(True, device name) when this machine runs VGF files on Vulkan, else (False, the exact failure).
+
+    Runs a one-op probe graph (int8 CLAMP) through the whole chain once per process
+    and checks its result, so "available" means "computes", not "is installed".
+    """
+    b = GraphBuilder("vgf_probe")
+    x = b.input("x", TensorType((1, 2, 2, 4), DType.INT8, QuantSpec.per_tensor(0.1, 0)))
+    g = b.build([b.op("clamp", x, min=-3, max=5)])
+    data = np.arange(-8, 8, dtype=np.int8).reshape(1, 2, 2, 4)
+    try:
+        payload = VgfBackend("vulkan", probe=False).lower(g, "vgf+int")
+        result = _run_real(payload, [data])
+    except Exception as e:  # noqa: BLE001 - any failure means "can't run here"; the reason is reported
+        return False, f"{type(e).__name__}: {e}"
+    if not np.array_equal(result.outputs[0], np.clip(data, -3, 5)):
+        return False, (f"the Vulkan run of a probe graph (int8 clamp to [-3, 5]) returned "
+                       f"{result.outputs[0].ravel().tolist()} for {data.ravel().tolist()}")
+    return True, result.device or "unknown Vulkan device"
+
+
+def _specs(payload: Payload, key: str = "io", n_outputs: int | None = None
+           ) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    """The tensors to bind for ``model.vgf`` (``meta["io"]``) or ``trace.vgf`` (``meta["trace_io"]``).
+
+    The model's IO must be exactly the payload's boundary types: the JSON meta of a loaded
+    program file is not trusted to say otherwise.
+    """
+    what = f"VGF payload for {payload.target}"
+    n_in = len(payload.input_types)
+    n_out = len(payload.output_types) if n_outputs is None else n_outputs
+    ins, outs = specs_from_meta(payload.meta.get(key), n_in, n_out, what)
+    for spec, t in zip(ins + outs, payload.input_types + payload.output_types):
+        if spec.shape != t.shape or spec.dtype != t.dtype.numpy:
+            raise ExecutionError(f"{what}: its IO description says {spec.vk_format}{list(spec.shape)} where the "
+                                 f"payload's boundary type is {t}; recompile the program")
+    return ins, outs
+
+
+def _run_real(payload: Payload, inputs: Sequence[np.ndarray], blob: str = MODEL_VGF, key: str = "io",
+              n_outputs: int | None = None):
+    if blob not in payload.blobs:
+        raise ExecutionError(f"VGF payload for {payload.target} has no {blob}")
+    ins, outs = _specs(payload, key, n_outputs)
+    return run_vgf(payload.blobs[blob], list(zip(ins, inputs)), outs, f"VGF partition for {payload.target}")
+
+
+def _convert(tosa: bytes, subgraph: Graph, tosa_meta: dict, profile: str):
+    """``tosa_to_vgf`` whose error also says the TOSA graph was valid, and which ops it holds."""
+    try:
+        return tosa_to_vgf(tosa, f"partition '{subgraph.name}'")
+    except CompileError as e:
+        ops = ", ".join(f"{k}×{n}" for k, n in tosa_meta.get("tosa_ops", {}).items())
+        raise CompileError(f"{e}\nThe TOSA graph ({ops}) is valid {tosa_meta.get('profile')} (tosa-opt), so "
+                           "the converter does not take one of its operators or types: keep that op on the "
+                           f"host, or compile for {profile}.") from None
+
+
+class VgfBackend(Backend):
+    name = "vgf"
+    targets = tuple(PROFILES)
+
+    def __init__(self, execution: str | None = None, *, probe: bool = True) -> None:
+        mode = execution or os.environ.get("QLOWER_VGF_EXECUTION", "auto")
+        if mode not in MODES:
+            raise ValueError(f"VGF execution mode {mode!r}: expected one of {', '.join(MODES)}")
+        self.execution, self._probe = mode, probe
+        self._tosa: Backend | None = None
+
+    @property
+    def tosa(self) -> Backend:
+        if self._tosa is None:
+            self._tosa = _tosa_backend()
+        return self._tosa
+
+    def supports(self, op: Op, target: str) -> Verdict:
+        return self.tosa.supports(op, profile_for(target))
+
+    def execution_for_new_payloads(self) -> str:
+        """``meta["execution"]`` of the payloads this backend lowers now (probes Vulkan once per process)."""
+        if self.execution == "simulate":
+            return f"{SIMULATED} (reason: VGF execution mode 'simulate' was requested)"
+        if not self._probe:
+            return f"{VULKAN}: not probed"
+        ok, detail = vulkan_status()
+        if ok:
+            return f"{VULKAN}: ML SDK scenario runner + ML emulation layer for Vulkan on {detail}"
+        if self.execution == "vulkan":
+            raise CompileError(f"VGF execution mode 'vulkan' was requested, but VGF can't run on Vulkan here: {detail}")
+        return f"{SIMULATED} (reason: {detail})"
+
+    def lower(self, subgraph: Graph, target: str, trace: bool = False) -> Payload:
+        """TOSA lowering (validated), then the model converter. With ``trace``, the TOSA trace graph
+        (every mapped intermediate also an output) is converted too: ``trace.tosa`` / ``trace.vgf``."""
+        profile = profile_for(target)
+        start = time.perf_counter()
+        tosa = self.tosa.lower(subgraph, profile, trace=trace)
+        converted = _convert(tosa.blobs[GRAPH_TOSA], subgraph, tosa.meta, profile)
+        model = read_vgf(converted.vgf)
+        if len(model.inputs) != len(subgraph.inputs) or len(model.outputs) != len(subgraph.outputs):
+            raise CompileError(f"the VGF of partition '{subgraph.name}' has {len(model.inputs)} inputs and "
+                               f"{len(model.outputs)} outputs, the partition {len(subgraph.inputs)} and "
+                               f"{len(subgraph.outputs)}")
+        if any(s != "GRAPH" for s in model.segments):
+            raise CompileError(f"the VGF of partition '{subgraph.name}' has segments {list(model.segments)}; qlower "
+                               "runs only data-graph segments (a compute segment needs a shader supplied at run time)")
+        in_types = tuple(boundary_type(t, v, "input") for t, v in zip(model.inputs, subgraph.inputs))
+        out_types = tuple(boundary_type(t, v, "output") for t, v in zip(model.outputs, subgraph.outputs))
+        meta: dict[str, Any] = {
+            "profile": tosa.meta.get("profile"),
+            "execution": self.execution_for_new_payloads(),
+            "vgf_version": ".".join(map(str, model.version)),
+            "model_converter": converted.version,
+            "convert_seconds": round(converted.seconds, 4),
+            "segments": list(model.segments),
+            "constants": model.constants,
+            "io": _io_meta(model),
+            "tosa": tosa.meta,
+        }
+        blobs = {GRAPH_TOSA: tosa.blobs[GRAPH_TOSA], MODEL_VGF: converted.vgf}
+        if TRACE_TOSA in tosa.blobs:
+            traced = _convert(tosa.blobs[TRACE_TOSA], subgraph, tosa.meta, profile)
+            trace_model = read_vgf(traced.vgf)
+            names = list(tosa.meta["output_tensors"]) + list(tosa.meta["trace_outputs"])
+            if len(trace_model.inputs) != len(subgraph.inputs) or len(trace_model.outputs) != len(names):
+                raise CompileError(f"the trace VGF of partition '{subgraph.name}' has {len(trace_model.outputs)} "
+                                   f"outputs, its TOSA graph {len(names)}")
+            blobs.update({TRACE_TOSA: tosa.blobs[TRACE_TOSA], TRACE_VGF: traced.vgf})
+            meta["trace_io"] = _io_meta(trace_model)
+        meta["lower_seconds"] = round(time.perf_counter() - start, 4)
+        return Payload(self.name, target, blobs, in_types, out_types, dict(tosa.tensor_map), meta)
+
+    def _tosa_payload(self, payload: Payload) -> Payload:
+        if GRAPH_TOSA not in payload.blobs:
+            raise ExecutionError(f"VGF payload for {payload.target} has no {GRAPH_TOSA} to simulate")
+        blobs = {k: payload.blobs[k] for k in (GRAPH_TOSA, TRACE_TOSA) if k in payload.blobs}
+        return Payload("tosa", profile_for(payload.target), blobs, payload.input_types, payload.output_types,
+                       dict(payload.tensor_map), dict(payload.meta.get("tosa", {})))
+
+    def _runs_on_vulkan(self, payload: Payload) -> bool:
+        return str(payload.meta.get("execution", "")).startswith(VULKAN)
+
+    def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """On Vulkan when the payload says so (never a silent fallback), else on the TOSA reference model."""
+        if not self._runs_on_vulkan(payload):
+            return self.tosa.execute(self._tosa_payload(payload), inputs)
+        arrays = _check_inputs(payload, inputs)
+        try:
+            return _run_real(payload, arrays).outputs
+        except VulkanUnavailable as e:
+            raise ExecutionError(f"this VGF partition was compiled to run on Vulkan, which can't run here: {e}. "
+                                 "Compile again on this machine to get a payload simulated on the TOSA "
+                                 "reference model (its report then says so).") from None
+
+    def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
+                       tensors: Sequence[str]) -> dict[str, np.ndarray]:
+        """The requested tensors the payload exposes: inputs, outputs and, when lowered with
+        ``trace``, every mapped intermediate; from ``trace.vgf`` (or ``model.vgf``) run on Vulkan,
+        or for a simulated payload from the TOSA reference model. Same contract as the TOSA backend."""
+        if not self._runs_on_vulkan(payload):
+            return self.tosa.execute_traced(self._tosa_payload(payload), inputs, tensors)
+        tosa_meta = payload.meta.get("tosa", {})
+        names = list(tosa_meta.get("output_tensors", []))
+        arrays = _check_inputs(payload, inputs)
+        try:
+            if TRACE_VGF in payload.blobs:
+                names += list(tosa_meta.get("trace_outputs", []))
+                outputs = _run_real(payload, arrays, TRACE_VGF, "trace_io", len(names)).outputs
+            else:
+                outputs = _run_real(payload, arrays).outputs
+        except VulkanUnavailable as e:
+            raise ExecutionError(f"this VGF partition was compiled to run on Vulkan, which can't run here: {e}") from None
+        by_name = dict(zip(tosa_meta.get("input_tensors", []), arrays)) | dict(zip(names, outputs))
+        return {name: by_name[name] for name in tensors if name in by_name}
+
+
+def _check_inputs(payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    types = payload.input_types
+    if len(inputs) != len(types):
+        raise InputError(f"the VGF partition takes {len(types)} input(s), got {len(inputs)}")
+    out = []
+    for i, (x, t) in enumerate(zip(inputs, types)):
+        x = np.asarray(x)
+        if tuple(x.shape) != t.shape:
+            raise InputError(f"input {i} of the VGF partition has shape {tuple(x.shape)}, expected {t.shape}")
+        if x.dtype != t.dtype.numpy:
+            if not (t.dtype.is_float and x.dtype.kind == "f"):
+                raise InputError(f"input {i} of the VGF partition has dtype {x.dtype}, expected {t.dtype.numpy}")
+            x = x.astype(t.dtype.numpy)
+        out.append(np.ascontiguousarray(x))
+    return out
