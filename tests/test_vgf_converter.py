@@ -8,6 +8,7 @@ import struct
 
 import numpy as np
 import pytest
+import vgfpy  # (ai-ml-sdk-vgf-library, a dependency: a missing one must fail, not skip)
 
 from qlower.backends.tosa import TosaBackend
 from qlower.backends.vgf import converter
@@ -15,8 +16,6 @@ from qlower.backends.vgf.container import read_vgf
 from qlower.backends.vgf.converter import tosa_to_vgf
 from qlower.errors import CompileError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
-
-import vgfpy  # noqa: E402  (ai-ml-sdk-vgf-library, a dependency: a missing one must fail, not skip)
 
 # VkFormat enum values from the Vulkan specification, per IR dtype
 VK_FORMAT = {DType.INT8: 14, DType.INT16: 75, DType.INT32: 99, DType.FLOAT32: 100}
