@@ -1,5 +1,7 @@
 """qlower: PyTorch → int8 programs for CPUs and Arm NPUs, verified stage by stage."""
 
+import qlower._quiet  # noqa: F401  (first: filters import-time noise of torchao)
+
 # Load the verify package before binding the verify function: a package's first import
 # sets it as an attribute of qlower, which would otherwise hide ``qlower.verify(...)``.
 import qlower.verify as _verify_package  # noqa: F401,I001

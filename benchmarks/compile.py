@@ -1,0 +1,85 @@
+"""Compile time: quantized PyTorch model → program, per stage and target.
+
+PT2E quantization (export, prepare, calibration, convert) is timed on its own;
+"compile" is what qlower adds after it: import into the IR, the pass pipeline,
+and partitioning + lowering (TOSA serialisation, tosa-opt validation, Vela).
+Medians over ``--repeat`` runs; the machine is shared and noisy, so compare
+ratios within one run.
+
+    python benchmarks/compile.py [--size 224] [--repeat 3] [--targets reference tosa-1.0+int]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from qlower import zoo
+from qlower.api import lower_graph
+from qlower.frontend.capture import capture
+from qlower.frontend.importer import import_graph
+from qlower.passes import default_pipeline
+
+
+def _time(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t0
+
+
+def bench(name: str, size: int, targets: list[str], repeat: int) -> list[dict]:
+    model, example, quant, calib = zoo.get(name, size=size)
+    captured, t_quant = _time(lambda: capture(model, example, quant, calib, progress=False))
+    rows = []
+    for target in targets:
+        samples = []
+        for _ in range(repeat):
+            imported, t_import = _time(lambda: import_graph(captured.graph_module, name=name))
+            graph, t_passes = _time(lambda: default_pipeline().run(imported.graph))
+            prog, t_lower = _time(lambda: lower_graph(graph, target))
+            samples.append((t_import, t_passes, t_lower))
+        med = [statistics.median(s[i] for s in samples) for i in range(3)]
+        counts: dict[str, int] = {}
+        for p in prog.partitions:
+            for k, n in p.payload.meta.get("tosa_ops", {}).items():
+                counts[k] = counts.get(k, 0) + n
+        rows.append({"model": name, "size": size, "target": target, "pt2e_quantize_s": round(t_quant, 3),
+                     "import_s": round(med[0], 3), "passes_s": round(med[1], 3), "lower_s": round(med[2], 3),
+                     "compile_s": round(sum(med), 3), "partitions": len(prog.partitions),
+                     "ir_ops": len(graph.ops), "tosa_ops": counts})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--models", nargs="+", default=["mobilenet_v2", "resnet18"])
+    p.add_argument("--targets", nargs="+", default=["reference", "tosa-1.0+int"])
+    p.add_argument("--json", default=str(Path(__file__).parent / "results" / "compile.json"))
+    args = p.parse_args()
+    rows = [r for m in args.models for r in bench(m, args.size, args.targets, args.repeat)]
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"qlower compile time (median of {args.repeat}, seconds)")
+    for col in ("model", "target", "PT2E quantize", "import", "passes", "lower", "compile total", "partitions"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["model"], r["target"], f"{r['pt2e_quantize_s']:.2f}", f"{r['import_s']:.3f}",
+                  f"{r['passes_s']:.3f}", f"{r['lower_s']:.3f}", f"{r['compile_s']:.3f}", str(r["partitions"]))
+    Console(width=150).print(t)
+    for r in rows:
+        if r["tosa_ops"]:
+            print(f"{r['model']} {r['target']} TOSA ops: " + ", ".join(f"{k} {v}" for k, v in sorted(r["tosa_ops"].items())))
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(rows, indent=2))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""From an nn.Module to a torch GraphModule: torch.export, then PT2E prepare → calibrate → convert.
+
+The converted module is the *fake-quant model*: float in, float out, with
+quantize/dequantize pairs at every quantized edge. It is the reference the
+importer's IR is compared against (at most one quantization step per element).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.fx import GraphModule
+from tqdm.auto import tqdm
+
+from qlower.errors import InputError, UnsupportedOpError
+from qlower.frontend.config import QuantConfig
+from qlower.frontend.source import describe_node
+
+Batch = tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
+class Captured:
+    """``graph_module`` is what the importer reads: the converted (fake-quant) module when
+    quantizing, else the exported float module (``float_graph``). ``quantized`` tells which."""
+
+    float_model: nn.Module
+    float_graph: GraphModule
+    graph_module: GraphModule
+    quantized: bool
+
+
+def _as_batch(batch: object) -> Batch:
+    if isinstance(batch, torch.Tensor):
+        return (batch,)
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch)
+    raise InputError(f"a calibration batch must be a tensor or a tuple of tensors, got {type(batch).__name__}")
+
+
+def export_module(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> GraphModule:
+    """``torch.export`` to pre-dispatch ATen (what PT2E annotates), without the guard check node.
+
+    Non-strict export is tried first; strict export is the fallback (torch 2.13's
+    non-strict mode fails on a model without inputs whose forward feeds plain
+    tensor attributes straight into an op).
+    """
+    args = tuple(example_inputs)
+    errors = []
+    for strict in (False, True):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                program = torch.export.export(model, args, strict=strict)
+            return program.module(check_guards=False)
+        except Exception as e:  # noqa: BLE001  (export raises many unrelated types)
+            errors.append(f"{'strict' if strict else 'non-strict'} export: {type(e).__name__}: {e}")
+    detail = "\n".join(line[:600] for line in errors)
+    raise UnsupportedOpError(f"torch.export could not capture {type(model).__name__}:\n{detail}\n"
+                             "Make the forward exportable (no data-dependent control flow) and try again.")
+
+
+def _reject_unfolded_batch_norm(gm: GraphModule) -> None:
+    """prepare_pt2e folds BatchNorm into a preceding conv/linear; one that is left can't be quantized
+    (and convert_pt2e would spend a minute trying QAT folding patterns on it)."""
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "overloadpacket", None) is torch.ops.aten.batch_norm:
+            raise UnsupportedOpError(
+                f"{node.target} (node '{node.name}') {describe_node(node)}: a BatchNorm that doesn't directly "
+                "follow a conv/linear can't be folded into it, and qlower quantizes BatchNorm only by folding; "
+                "move it right after a conv/linear or import the model in float (quant=None)")
+
+
+def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig | None,
+            calibration: Iterable[object] | None, progress: bool = True) -> Captured:
+    """Export ``model`` (put in eval mode) and, when ``quant`` is given, quantize it with PT2E.
+
+    Calibration runs every batch through the prepared model; it is needed in
+    dynamic mode too (weight observers only see the weights during a forward).
+    """
+    model = model.eval()
+    gm = export_module(model, example_inputs)
+    if quant is None:
+        return Captured(model, gm, gm, quantized=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        float_graph = copy.deepcopy(gm)  # prepare_pt2e rewrites gm in place (BatchNorm folding, observers)
+
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from qlower.frontend.quantizer import QlowerQuantizer
+
+    batches = [_as_batch(b) for b in (calibration or ())]
+    if not batches:
+        raise InputError("quantization needs at least one calibration batch (a tuple of input tensors); "
+                         "pass e.g. [example_inputs]")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prepared = prepare_pt2e(gm, QlowerQuantizer(quant))
+        _reject_unfolded_batch_norm(prepared)
+        with torch.no_grad():
+            for batch in tqdm(batches, desc="calibrating", unit="batch", disable=not progress, leave=False):
+                prepared(*batch)
+        converted = convert_pt2e(prepared, fold_quantize=True)
+    return Captured(model, float_graph, converted, quantized=True)

@@ -1,0 +1,154 @@
+"""Import a torch GraphModule into the qlower IR.
+
+The input is either the converted PT2E module (quantize/dequantize nodes around
+every quantized edge) or the exported float module. Quantize/dequantize pairs
+are folded into the types of IR values: a tensor observed as ``q(s, zp) → dq``
+becomes an int8 value with that QuantSpec. Graph inputs stay float32 in PyTorch
+layout (an explicit ``quantize`` follows when the model quantizes them); graph
+outputs are dequantized to float32 in PyTorch layout, so the IR program takes
+and returns exactly what the PyTorch model does.
+
+Constant subgraphs that involve no quantization (``torch.ones(...) * 0.5``,
+reshapes of buffers) are evaluated with PyTorch at import time; quantized
+constants stay IR constants, so constant folding of quantized arithmetic is
+left to the passes.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.fx import GraphModule, Node
+from torch.fx.operator_schemas import normalize_function
+from torch.utils import _pytree as pytree
+
+from qlower.frontend import layout
+from qlower.frontend.context import ImportContext, Ref
+from qlower.frontend.rules import load_all, rule_for
+from qlower.ir import DType, Graph, TensorType, Value, verify
+
+# creation ops are folded; anything random is not a constant
+_NOT_FOLDABLE = {torch.ops.aten.rand, torch.ops.aten.randn, torch.ops.aten.randint, torch.ops.aten.dropout,
+                 torch.ops.aten.bernoulli, torch.ops.aten.normal, torch.ops.aten.empty}
+
+
+@dataclass(frozen=True)
+class Imported:
+    """The IR graph and, per fx node name, the IR value holding that node's result and its layout."""
+
+    graph: Graph
+    node_values: dict[str, tuple[Value, layout.Perm]]
+
+
+def _normalized(node: Node) -> tuple[tuple, dict] | None:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverloadPacket):
+        target = target.default
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    pair = normalize_function(target, node.args, node.kwargs, normalize_to_only_use_kwargs=True)
+    return None if pair is None else (pair.args, pair.kwargs)
+
+
+def _foldable(ctx: ImportContext, node: Node) -> bool:
+    """Pure ATen computation on float constants only (no quantization involved)."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+        return False
+    if target.overloadpacket in _NOT_FOLDABLE:
+        return False
+    inputs = node.all_input_nodes
+    return all(isinstance(ctx.env.get(a), Ref) and ctx.env[a].is_float_const for a in inputs)
+
+
+def _fold_float(ctx: ImportContext, node: Node) -> Ref:
+    result = ctx.fold(node, {a: torch.from_numpy(np.array(ctx.env[a].data)) for a in node.all_input_nodes})
+    if not isinstance(result, torch.Tensor):
+        raise ctx.unsupported("a constant expression that doesn't produce a tensor")
+    data = result.detach().contiguous().numpy().copy()
+    return Ref.constant(data.astype(np.float32) if data.dtype.kind == "f" else data, origin=ctx.origin_of(node))
+
+
+def _call_rule(ctx: ImportContext, node: Node) -> object:
+    rule = rule_for(node.target)
+    if rule is None:
+        raise ctx.unsupported("qlower has no import rule for this op; rewrite the model to use supported ops "
+                              "(see qlower.frontend.rules) or leave this part out of the exported model")
+
+    def lookup(a: object) -> object:
+        return ctx.env[a] if isinstance(a, Node) else a
+
+    normalized = _normalized(node)
+    if normalized is None:
+        args = pytree.tree_map(lookup, node.args)
+        kwargs = pytree.tree_map(lookup, dict(node.kwargs))
+        return rule(ctx, node, *args, **kwargs)
+    _, kwargs = normalized
+    kwargs = {k: pytree.tree_map(lookup, v) for k, v in kwargs.items()}
+    return rule(ctx, node, **kwargs)
+
+
+def _placeholder(ctx: ImportContext, node: Node) -> Ref:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or val.dtype != torch.float32:
+        raise ctx.unsupported("graph inputs must be float32 tensors", node)
+    value = ctx.b.input(node.name, TensorType(tuple(val.shape), DType.FLOAT32),
+                        origin=ctx.origin_of(node))
+    return Ref.of(value, layout.identity(val.dim()))
+
+
+def _get_attr(ctx: ImportContext, node: Node) -> Ref:
+    data = ctx.attr(node.target)
+    if not isinstance(data, torch.Tensor):
+        raise ctx.unsupported(f"attribute '{node.target}' is a {type(data).__name__}, not a tensor", node)
+    array = data.detach().contiguous().numpy().copy()
+    if array.dtype.kind == "f":
+        array = array.astype(np.float32)
+    return Ref.constant(array, origin=ctx.origin_of(node))
+
+
+def _outputs(ctx: ImportContext, node: Node) -> list[Value]:
+    leaves, _ = pytree.tree_flatten(node.args[0])
+    outputs = []
+    for leaf in leaves:
+        if not isinstance(leaf, Node):
+            raise ctx.unsupported(f"model outputs must be tensors, got {leaf!r}", node)
+        ref = ctx.ref(leaf)
+        ctx.node = leaf
+        outputs.append(ctx.as_float(ref, layout.identity(ref.rank)))
+    return outputs
+
+
+def import_graph(gm: GraphModule, name: str = "main") -> Imported:
+    """Translate ``gm`` into a verified IR graph (see the module docstring for the contract)."""
+    load_all()
+    ctx = ImportContext(gm, name)
+    outputs: list[Value] = []
+    for node in gm.graph.nodes:
+        ctx.node = node
+        if node.op == "placeholder":
+            ctx.env[node] = _placeholder(ctx, node)
+        elif node.op == "get_attr":
+            ctx.env[node] = _get_attr(ctx, node)
+        elif node.op == "call_module":
+            if not str(node.target).startswith("_guards"):
+                raise ctx.unsupported("calls to submodules are not supported in an exported graph")
+        elif node.op == "call_function":
+            if node.target is not operator.getitem and _foldable(ctx, node):
+                ctx.env[node] = _fold_float(ctx, node)
+            else:
+                ctx.env[node] = _call_rule(ctx, node)
+        elif node.op == "output":
+            outputs = _outputs(ctx, node)
+        else:
+            raise ctx.unsupported(f"fx node kind '{node.op}' is not supported", node)
+    graph = verify(ctx.b.build(outputs), after="import")
+    defined = set(graph.values())
+    node_values = {}
+    for node, entry in ctx.env.items():
+        if isinstance(entry, Ref) and entry.value is not None and entry.value in defined:
+            node_values[node.name] = (entry.value, entry.perm)
+    return Imported(graph, node_values)

@@ -1,0 +1,268 @@
+"""The PT2E quantizer: a torchao ``Quantizer`` that annotates an exported graph from a QuantConfig.
+
+It only says *what* is quantized and how; torchao's observers measure ranges
+and ``convert_pt2e`` writes the q/dq nodes that the importer folds into IR types.
+
+Static mode (``QuantConfig.mode == "static"``):
+- conv1d / conv2d / linear: input activation, int8 symmetric weights per output
+  channel (or per tensor), bias left float (the importer quantizes it to int32
+  with scale ``s_in * s_w[c]``). A single relu / relu6 / hardtanh / clamp user is
+  fused: no q/dq between the op and the activation.
+- add / sub / mul / div: activation operands quantized, constant operands (buffers,
+  parameters, literals) left float so the importer can represent them exactly.
+- concat and pass-through ops (reshape, permute, max_pool2d, slice, pad, ...) share
+  one quantization domain with their inputs (SharedQuantizationSpec); pass-through
+  ops on constants are left alone (the constant is quantized where it is used).
+- pooling, reductions, softmax and pointwise non-linearities own their output domain.
+- ``QuantConfig.fixed`` pins the observer of a value (and of its whole sharing
+  group) to fixed qparams.
+
+Dynamic mode: only conv / linear / matmul inputs are quantized, at run time,
+symmetrically in ``[-act_qmax, act_qmax]`` (the IR's ``dynamic_quantize``;
+``act_qmin`` is not used). With
+``granularity="per_row"``, linear and matmul left operands get one scale per
+token and 1x1 stride-1 convs one per pixel; other convs stay per tensor (a
+kxk window mixes pixels, so a per-pixel scale would not factor out of the sum).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch.fx import GraphModule, Node
+from torchao.quantization.granularity import PerBlock, PerToken
+from torchao.quantization.pt2e import (
+    FixedQParamsObserver,
+    MinMaxObserver,
+    PerChannelMinMaxObserver,
+    PlaceholderObserver,
+)
+from torchao.quantization.pt2e._affine_quantization import AffineQuantizedPlaceholderObserver
+from torchao.quantization.pt2e.observer import MappingType
+from torchao.quantization.pt2e.quantizer import (
+    QuantizationAnnotation,
+    QuantizationSpec,
+    Quantizer,
+    SharedQuantizationSpec,
+)
+
+from qlower.errors import InputError
+from qlower.frontend.config import FixedQParams, QuantConfig
+from qlower.frontend.source import module_paths
+
+aten = torch.ops.aten
+
+GEMM = {aten.conv1d, aten.conv2d, aten.linear}
+MATMUL = {aten.matmul, aten.bmm, aten.mm}
+ACTIVATIONS = {aten.relu, aten.relu_, aten.relu6, aten.hardtanh, aten.hardtanh_, aten.clamp}
+BINARY = {aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_}
+CONCAT = {aten.cat, aten.concat, aten.stack}
+SHARED = {
+    aten.view, aten.reshape, aten._unsafe_view, aten.flatten, aten.permute, aten.transpose, aten.t,
+    aten.max_pool2d, aten.slice, aten.select, aten.pad, aten.constant_pad_nd, aten.squeeze,
+    aten.unsqueeze, aten.alias, aten.contiguous, aten.clone, aten.dropout, aten.expand, aten.detach, aten.unflatten,
+}
+OWN_OUTPUT = {
+    aten.avg_pool2d, aten.adaptive_avg_pool2d, aten.mean, aten.sum, aten.softmax, aten._softmax,
+    aten.sigmoid, aten.tanh, aten.hardswish, aten.hardswish_, aten.hardsigmoid, aten.gelu, aten.silu,
+    aten.exp, aten.elu, aten.leaky_relu,
+}
+
+
+def packet(node: Node):
+    """The OpOverloadPacket of an aten call (so .default/.Tensor/.int overloads match alike)."""
+    return getattr(node.target, "overloadpacket", None) if node.op == "call_function" else None
+
+
+def _annotate(node: Node, inputs: dict[Node, object], output: object = None, share: bool = True) -> None:
+    node.meta["quantization_annotation"] = QuantizationAnnotation(
+        input_qspec_map=inputs, output_qspec=output, allow_implicit_sharing=share, _annotated=True)
+
+
+class _Constants:
+    """Which nodes compute a constant (no graph input upstream), memoized in graph order."""
+
+    def __init__(self, gm: GraphModule) -> None:
+        self.const: set[Node] = set()
+        for n in gm.graph.nodes:
+            if n.op == "get_attr" or (n.op == "call_function" and all(a in self.const for a in n.all_input_nodes)):
+                self.const.add(n)
+
+    def __contains__(self, node: object) -> bool:
+        return node in self.const
+
+
+class QlowerQuantizer(Quantizer):
+    """Annotates an exported (pre-dispatch ATen) graph according to ``config``."""
+
+    def __init__(self, config: QuantConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.act = QuantizationSpec(
+            dtype=torch.int8, quant_min=c.act_qmin, quant_max=c.act_qmax,
+            qscheme=torch.per_tensor_symmetric if c.symmetric_acts else torch.per_tensor_affine,
+            observer_or_fake_quant_ctr=MinMaxObserver)
+        if c.per_channel:
+            self.weight = QuantizationSpec(
+                dtype=torch.int8, quant_min=c.weight_qmin, quant_max=c.weight_qmax,
+                qscheme=torch.per_channel_symmetric, ch_axis=0, observer_or_fake_quant_ctr=PerChannelMinMaxObserver)
+        else:
+            self.weight = QuantizationSpec(
+                dtype=torch.int8, quant_min=c.weight_qmin, quant_max=c.weight_qmax,
+                qscheme=torch.per_tensor_symmetric, observer_or_fake_quant_ctr=MinMaxObserver)
+        self.dyn_qmax = c.act_qmax
+        self._node_overrides: dict[Node, FixedQParams] = {}
+        self._edge_overrides: dict[tuple[Node, Node], FixedQParams] = {}
+
+    # -- dynamic specs -------------------------------------------------------------------
+    def _dynamic_per_tensor(self) -> QuantizationSpec:
+        return QuantizationSpec(
+            dtype=torch.int8, quant_min=-self.dyn_qmax, quant_max=self.dyn_qmax,
+            qscheme=torch.per_tensor_symmetric, is_dynamic=True, observer_or_fake_quant_ctr=PlaceholderObserver)
+
+    def _dynamic_blocked(self, granularity) -> QuantizationSpec:
+        return QuantizationSpec(
+            dtype=torch.int8, quant_min=-self.dyn_qmax, quant_max=self.dyn_qmax, is_dynamic=True,
+            observer_or_fake_quant_ctr=AffineQuantizedPlaceholderObserver.with_args(
+                mapping_type=MappingType.SYMMETRIC, target_dtype=torch.int8, granularity=granularity,
+                eps=torch.finfo(torch.float32).eps, scale_dtype=torch.float32, zero_point_dtype=torch.int32))
+
+    def _dynamic_input_spec(self, node: Node) -> QuantizationSpec:
+        if self.config.granularity != "per_row":
+            return self._dynamic_per_tensor()
+        p = packet(node)
+        if p in MATMUL or p is aten.linear:
+            return self._dynamic_blocked(PerToken())
+        x, w = node.args[0], node.args[1]
+        args = node.normalized_arguments(node.graph.owning_module, normalize_to_only_use_kwargs=True)
+        kw = args.kwargs if args is not None else {}
+        padding = kw.get("padding", [0])
+        pointwise = (all(k == 1 for k in w.meta["val"].shape[2:])  # 1x1: 'same' pads nothing either
+                     and all(s == 1 for s in kw.get("stride", [1]))
+                     and (isinstance(padding, str) or all(p == 0 for p in padding)))
+        if not pointwise:
+            return self._dynamic_per_tensor()
+        shape = x.meta["val"].shape
+        return self._dynamic_blocked(PerBlock((1, shape[1]) + (1,) * (len(shape) - 2)))
+
+    # -- annotation ----------------------------------------------------------------------
+    def annotate(self, model: GraphModule) -> GraphModule:
+        self._resolve_overrides(model)
+        if self.config.mode == "dynamic":
+            self._annotate_dynamic(model)
+        else:
+            self._annotate_static(model)
+        return model
+
+    def _annotate_dynamic(self, model: GraphModule) -> None:
+        # No implicit sharing: torchao's convert can't give one run-time quantize several consumers.
+        for n in model.graph.nodes:
+            p = packet(n)
+            if p in GEMM and isinstance(n.args[1], Node):
+                _annotate(n, {n.args[0]: self._dynamic_input_spec(n), n.args[1]: self.weight}, share=False)
+            elif p in MATMUL and all(isinstance(a, Node) for a in n.args[:2]):
+                _annotate(n, {n.args[0]: self._dynamic_input_spec(n), n.args[1]: self._dynamic_per_tensor()},
+                          share=False)
+
+    def _fusable_activation(self, node: Node) -> Node | None:
+        if node in self._node_overrides or len(node.users) != 1:
+            return None
+        user = next(iter(node.users))
+        return user if packet(user) in ACTIVATIONS else None
+
+    def _annotate_static(self, model: GraphModule) -> None:
+        const = _Constants(model)
+        act = self.act
+        for n in model.graph.nodes:
+            p = packet(n)
+            if p is None or "quantization_annotation" in n.meta:
+                continue
+            if p in GEMM:
+                if not isinstance(n.args[1], Node) or n.args[1] not in const:
+                    continue  # weight computed at run time: left float (the importer reports it)
+                fused = self._fusable_activation(n)
+                _annotate(n, {n.args[0]: act, n.args[1]: self.weight}, None if fused else act)
+                if fused is not None:
+                    _annotate(fused, {}, act)
+            elif p in MATMUL:
+                _annotate(n, {a: act for a in n.args[:2] if isinstance(a, Node)}, act)
+            elif p in BINARY:
+                inputs = {a: act for a in n.args[:2] if isinstance(a, Node) and a not in const}
+                fused = self._fusable_activation(n) if p not in (aten.mul, aten.mul_, aten.div, aten.div_) else None
+                _annotate(n, inputs, None if fused else act)
+                if fused is not None:
+                    _annotate(fused, {}, act)
+            elif p in CONCAT:
+                tensors = [a for a in n.args[0] if isinstance(a, Node)]
+                shared = SharedQuantizationSpec((tensors[0], n))
+                _annotate(n, {a: act if i == 0 else shared for i, a in enumerate(tensors)}, shared)
+            elif p in SHARED:
+                x = n.args[0]
+                if isinstance(x, Node) and n not in const:  # constants stay float until a consumer quantizes
+                    _annotate(n, {x: act}, SharedQuantizationSpec((x, n)))
+            elif p in ACTIVATIONS or p in OWN_OUTPUT:
+                _annotate(n, {n.args[0]: act}, act)
+
+    # -- fixed overrides -----------------------------------------------------------------
+    def _resolve_overrides(self, model: GraphModule) -> None:
+        self._node_overrides, self._edge_overrides = {}, {}
+        nodes = list(model.graph.nodes)
+        placeholders = [n for n in nodes if n.op == "placeholder"]
+        for key, fixed in self.config.fixed.items():
+            if key == "output":
+                out = next(n for n in nodes if n.op == "output")
+                for n in out.all_input_nodes:
+                    self._node_overrides[n] = fixed
+            elif key == "input" or key.startswith("input:"):
+                index = 0 if key == "input" else _int_suffix(key)
+                if not 0 <= index < len(placeholders):
+                    raise InputError(f"QuantConfig.fixed[{key!r}]: the model has {len(placeholders)} input(s)")
+                ph = placeholders[index]
+                for user in ph.users:
+                    self._edge_overrides[(ph, user)] = fixed
+            else:
+                targets = list(_module_outputs(nodes, key))
+                if not targets:
+                    known = sorted({m for n in nodes for m in module_paths(n) if m})
+                    raise InputError(f"QuantConfig.fixed[{key!r}]: no module with that qualified name produces a "
+                                     f"value in the exported graph; modules: {', '.join(known[:30])}")
+                for n in targets:
+                    self._node_overrides[n] = fixed
+
+    def validate(self, model: GraphModule) -> None:
+        for n in self._node_overrides:
+            ann = n.meta.get("quantization_annotation")
+            if ann is None or ann.output_qspec is None:
+                raise InputError(f"QuantConfig.fixed: value '{n.name}' ({n.target}) is not quantized, so its "
+                                 f"quantization can't be pinned; pin a quantized neighbour instead")
+
+    def prepare_obs_or_fq_callback(self, model: GraphModule, edge_or_node_to_obs_or_fq: dict) -> None:
+        """Swap the observer of every pinned value, for its whole sharing group."""
+        pinned = [(self._node_overrides[k], k) for k in self._node_overrides]
+        pinned += [(self._edge_overrides[k], k) for k in self._edge_overrides]
+        for (scale, zero_point, qmin, qmax), key in pinned:
+            old = edge_or_node_to_obs_or_fq.get(key)
+            if old is None:
+                continue
+            new = FixedQParamsObserver(scale=scale, zero_point=zero_point, dtype=torch.int8,
+                                       qscheme=torch.per_tensor_affine, quant_min=qmin, quant_max=qmax)
+            for k, v in list(edge_or_node_to_obs_or_fq.items()):
+                if v is old:
+                    edge_or_node_to_obs_or_fq[k] = new
+
+
+def _int_suffix(key: str) -> int:
+    try:
+        return int(key.split(":", 1)[1])
+    except ValueError:
+        raise InputError(f"QuantConfig.fixed: bad key {key!r}; use 'input:N' with N an integer") from None
+
+
+def _module_outputs(nodes: Iterable[Node], path: str) -> Iterable[Node]:
+    """Compute nodes inside module ``path`` whose result leaves it (the module's outputs)."""
+    def inside(n: Node) -> bool:
+        return path in module_paths(n)
+    for n in nodes:
+        if n.op == "call_function" and inside(n) and any(not inside(u) or u.op == "output" for u in n.users):
+            yield n

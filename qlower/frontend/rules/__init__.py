@@ -1,0 +1,43 @@
+"""Import rules: one small function per op, registered in one table (like torch._inductor's lowerings).
+
+A rule is called as ``rule(ctx, node, **arguments)``: the op's schema arguments
+by name (``self`` is named ``input``), defaults filled in, each fx node replaced
+by what it imported to (a ``Ref``). It returns the ``Ref`` of the node's result.
+Rules are keyed by OpOverloadPacket, so every overload of an op (``.default``,
+``.Tensor``, ``.int``, ...) reaches the same rule, which checks the overload
+when it matters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+Rule = Callable[..., object]
+RULES: dict[object, Rule] = {}
+
+
+def register(*targets: object) -> Callable[[Rule], Rule]:
+    def wrap(fn: Rule) -> Rule:
+        for t in targets:
+            if t in RULES:
+                raise RuntimeError(f"two import rules for {t}")
+            RULES[t] = fn
+        return fn
+    return wrap
+
+
+def rule_for(target: object) -> Rule | None:
+    rule = RULES.get(getattr(target, "overloadpacket", target))
+    return rule if rule is not None else RULES.get(target)
+
+
+def load_all() -> None:
+    """Import every rule module (each registers its rules on import)."""
+    from qlower.frontend.rules import (  # noqa: F401
+        elementwise,
+        gemm,
+        movement,
+        pooling,
+        quantization,
+        softmax,
+    )

@@ -1,0 +1,277 @@
+"""Elementwise ops: add / sub / mul / div, clamps (relu family), pointwise non-linearities, batch norm.
+
+Integer recipes (all scale changes are IR ``rescale`` ops):
+- add / sub: both operands rescaled to int32 at a common scale
+  ``2 * max(s_a, s_b) / 2**20`` (TFLite's left shift: 20 bits of headroom keep the
+  sum exact to ~1e-6 of an input step), added, rescaled to the output.
+  A float constant operand becomes int32 codes at that scale.
+- mul: both operands rescaled to int32 with the zero point removed (same scale),
+  multiplied (scale ``s_a * s_b``), rescaled. A float constant that varies along
+  at most one axis (a per-channel ``[1, C, 1, 1]`` buffer, a scalar) is held
+  *exactly* as int32 codes ±1 with scale ``|c|`` per channel; other float
+  constants as int32 codes at scale ``max|c| / 2**20``.
+- relu / relu6 / hardtanh / clamp: ``rescale`` to the output spec, then an explicit
+  ``clamp`` to the codes of the bounds (the code of 0.0 is the zero point).
+- sigmoid, tanh, hardswish, gelu, ...: a ``table`` of the codes' images, computed by
+  PyTorch itself (dequantize every code, apply the op, quantize), so the table is
+  bit-identical to the fake-quant model.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from qlower.frontend.context import ImportContext, Ref
+from qlower.frontend.quantizer import packet
+from qlower.frontend.rules import register
+from qlower.ir import DType, QuantSpec, Value
+
+aten = torch.ops.aten
+QD = torch.ops.quantized_decomposed
+INT32_MAX = 2**31 - 1
+COMMON_SHIFT = 20
+FLOAT_MAX = float(np.finfo(np.float32).max)
+
+
+def operand(x: object) -> Ref:
+    """A rule argument as a Ref (Python numbers become float constants)."""
+    if isinstance(x, Ref):
+        return x
+    if isinstance(x, (int, float, bool)):
+        return Ref.constant(np.array(float(x), dtype=np.float32))
+    raise TypeError(f"unsupported operand {x!r}")
+
+
+def _static_quantized(r: Ref) -> bool:
+    """Codes with a static per-tensor spec (an accumulator with per-channel scales counts as float)."""
+    return r.is_quantized and r.scale is None and not r.spec.is_per_channel
+
+
+def _float_ref(ctx: ImportContext, r: Ref) -> Ref:
+    """Dynamic codes are only meaningful to a gemm: elsewhere they are floats."""
+    return Ref.of(ctx.as_float(r), r.perm) if r.scale is not None else r
+
+
+def _int32_codes(ctx: ImportContext, data: np.ndarray, scale: float) -> np.ndarray:
+    codes = np.rint(data.astype(np.float64) / scale)
+    if np.abs(codes).max(initial=0) > INT32_MAX:
+        raise ctx.unsupported("a constant operand is too large for int32 at the operation's scale")
+    return codes.astype(np.int32)
+
+
+def _per_tensor_scale(ctx: ImportContext, r: Ref) -> float:
+    q = r.spec
+    if q.is_per_channel:
+        raise ctx.unsupported("a per-channel quantized operand in an elementwise op")
+    return q.scale[0]
+
+
+@register(aten.add, aten.add_, aten.sub, aten.sub_)
+def add_sub(ctx: ImportContext, node, input, other, alpha=1, **_):
+    kind = "sub" if packet(node) in (aten.sub, aten.sub_) else "add"
+    if alpha != 1:
+        raise ctx.unsupported(f"{kind} with alpha={alpha}; write the scaling as a separate multiplication")
+    refs = [_float_ref(ctx, operand(input)), _float_ref(ctx, operand(other))]
+    quantized = [_static_quantized(r) for r in refs]
+    if not any(quantized) or not all(q or r.is_float_const for q, r in zip(quantized, refs)):
+        perm, (a, b) = ctx.broadcast(refs, floats=True)
+        return Ref.of(ctx.emit(kind, a, b, perm=perm), perm)
+    scales = [_per_tensor_scale(ctx, r) if q else float(np.abs(r.data).max(initial=0.0)) / 127
+              for q, r in zip(quantized, refs)]
+    common = QuantSpec.per_tensor(2 * max(scales) / 2**COMMON_SHIFT, 0, DType.INT32)
+    refs = [r if q else Ref.constant(_int32_codes(ctx, r.data, common.scale[0]), common, r.origin)
+            for q, r in zip(quantized, refs)]
+    perm, (a, b) = ctx.broadcast(refs)
+    out = ctx.emit(kind, ctx.rescale(a, common, perm), ctx.rescale(b, common, perm), perm=perm)
+    return ctx.requant(out, perm)
+
+
+def exact_multiplier(ctx: ImportContext, c: np.ndarray, rank: int) -> Ref:
+    """A float constant as int32 codes for ``mul``: exact (±1 × |c| per channel) when it varies
+    along at most one axis, else codes at scale ``max|c| / 2**20``."""
+    c = c.astype(np.float64).reshape((1,) * (rank - c.ndim) + c.shape)
+    axes = [d for d in range(c.ndim) if c.shape[d] > 1]
+    if not axes:
+        v = float(c.reshape(-1)[0]) if c.size else 0.0
+        spec = QuantSpec.per_tensor(abs(v) or 1.0, 0, DType.INT32)
+        return Ref.constant(np.sign(c).astype(np.int32), spec)
+    if len(axes) == 1:
+        flat = c.reshape(-1)
+        scales = np.where(flat == 0, 1.0, np.abs(flat))
+        spec = QuantSpec.per_channel(scales, axis=axes[0], dtype=DType.INT32)
+        return Ref.constant(np.sign(c).astype(np.int32), spec)
+    amax = float(np.abs(c).max())
+    spec = QuantSpec.per_tensor((amax or 1.0) / 2**COMMON_SHIFT, 0, DType.INT32)
+    return Ref.constant(_int32_codes(ctx, c, spec.scale[0]), spec)
+
+
+@register(aten.mul, aten.mul_, aten.div, aten.div_)
+def mul_div(ctx: ImportContext, node, input, other, rounding_mode=None, **_):
+    divide = packet(node) in (aten.div, aten.div_)
+    a, b = _float_ref(ctx, operand(input)), _float_ref(ctx, operand(other))
+    if divide:
+        if rounding_mode is not None or not b.is_float_const:
+            if _static_quantized(a) or _static_quantized(b) or rounding_mode is not None:
+                raise ctx.unsupported("division is supported by a float constant only (no rounding mode)")
+            perm, (va, vb) = ctx.broadcast([a, b], floats=True)
+            return Ref.of(ctx.emit("mul", va, ctx.emit("reciprocal", vb, perm=perm), perm=perm), perm)
+        b = Ref.constant((1.0 / b.data.astype(np.float64)).astype(np.float32), origin=b.origin)
+    qa, qb = _static_quantized(a), _static_quantized(b)
+    if qa and qb:
+        perm, (va, vb) = ctx.broadcast([a, b])
+        ia = ctx.rescale(va, QuantSpec.per_tensor(_per_tensor_scale(ctx, a), 0, DType.INT32), perm)
+        ib = ctx.rescale(vb, QuantSpec.per_tensor(_per_tensor_scale(ctx, b), 0, DType.INT32), perm)
+        return ctx.requant(ctx.emit("mul", ia, ib, perm=perm), perm)
+    if (qa and b.is_float_const) or (qb and a.is_float_const):
+        x, c = (a, b) if qa else (b, a)
+        cref = exact_multiplier(ctx, c.data, x.rank)
+        perm, (vx, vc) = ctx.broadcast([x, cref])
+        ix = ctx.rescale(vx, QuantSpec.per_tensor(_per_tensor_scale(ctx, x), 0, DType.INT32), perm)
+        return ctx.requant(ctx.emit("mul", ix, vc, perm=perm), perm)
+    perm, (va, vb) = ctx.broadcast([a, b], floats=True)
+    return Ref.of(ctx.emit("mul", va, vb, perm=perm), perm)
+
+
+# -- clamps ----------------------------------------------------------------------------------
+
+def _code(ctx: ImportContext, v: float | None, spec: QuantSpec, default: int) -> int:
+    if v is None:
+        return default
+    return int(ctx.quantize_value(np.array(v, dtype=np.float32), spec))
+
+
+def clamp_to(ctx: ImportContext, x: Ref, lo: float | None, hi: float | None) -> Ref:
+    x = _float_ref(ctx, x)
+    if _static_quantized(x):
+        value, out = ctx.value_in(x), ctx.out_spec()
+        if out is not None:
+            value = ctx.rescale(value, out, x.perm)
+        spec = value.quant
+        if not spec.is_per_channel:
+            c_lo, c_hi = _code(ctx, lo, spec, spec.qmin), _code(ctx, hi, spec, spec.qmax)
+            return Ref.of(ctx.emit("clamp", value, perm=x.perm, min=c_lo, max=c_hi), x.perm)
+        if lo == 0 and hi is None and not any(spec.zero_point):  # relu on an accumulator
+            return Ref.of(ctx.emit("clamp", value, perm=x.perm, min=0, max=spec.qmax), x.perm)
+    v = ctx.as_float(x)
+    f_lo = -FLOAT_MAX if lo is None else float(lo)
+    f_hi = FLOAT_MAX if hi is None else float(hi)
+    return Ref.of(ctx.emit("clamp", v, perm=x.perm, min=f_lo, max=f_hi), x.perm)
+
+
+@register(aten.relu, aten.relu_)
+def relu(ctx: ImportContext, node, input, **_):
+    return clamp_to(ctx, input, 0.0, None)
+
+
+@register(aten.relu6)
+def relu6(ctx: ImportContext, node, input, **_):
+    return clamp_to(ctx, input, 0.0, 6.0)
+
+
+@register(aten.hardtanh, aten.hardtanh_)
+def hardtanh(ctx: ImportContext, node, input, min_val=-1.0, max_val=1.0, **_):
+    return clamp_to(ctx, input, min_val, max_val)
+
+
+@register(aten.clamp, aten.clamp_)
+def clamp(ctx: ImportContext, node, input, min=None, max=None, **_):  # noqa: A002  (schema names)
+    if isinstance(min, Ref) or isinstance(max, Ref):
+        raise ctx.unsupported("clamp with tensor bounds")
+    return clamp_to(ctx, input, min, max)
+
+
+# -- pointwise non-linearities ------------------------------------------------------------------
+
+def lookup_table(ctx: ImportContext, node, in_spec: QuantSpec, out_spec: QuantSpec) -> np.ndarray:
+    """``out code = q_out(f(dq_in(code)))`` for every input code, computed by PyTorch like the fake-quant model."""
+    codes = torch.arange(in_spec.qmin, in_spec.qmax + 1, dtype=torch.int32)
+    dq = QD.dequantize_per_tensor.default(codes, in_spec.scale[0], in_spec.zero_point[0], in_spec.qmin,
+                                          in_spec.qmax, torch.int32)
+    y = ctx.fold(node, {node.args[0]: dq})
+    q = QD.quantize_per_tensor.default(y, out_spec.scale[0], out_spec.zero_point[0], out_spec.qmin,
+                                       out_spec.qmax, torch.int32)
+    return q.numpy().astype(out_spec.dtype.numpy)
+
+
+def _scalar(ctx: ImportContext, v: float, rank: int) -> Value:
+    return ctx.constant(np.full((1,) * rank, v, dtype=np.float32))
+
+
+def _gelu(ctx, x, perm, approximate="none", **_):
+    r = x.type.rank
+    if approximate == "tanh":
+        cube = ctx.emit("mul", ctx.emit("mul", x, x, perm=perm), x, perm=perm)
+        inner = ctx.emit("add", x, ctx.emit("mul", cube, _scalar(ctx, 0.044715, r), perm=perm), perm=perm)
+        t = ctx.emit("tanh", ctx.emit("mul", inner, _scalar(ctx, math.sqrt(2 / math.pi), r), perm=perm), perm=perm)
+    else:
+        t = ctx.emit("erf", ctx.emit("mul", x, _scalar(ctx, 1 / math.sqrt(2), r), perm=perm), perm=perm)
+    half_x = ctx.emit("mul", x, _scalar(ctx, 0.5, r), perm=perm)
+    return ctx.emit("mul", half_x, ctx.emit("add", t, _scalar(ctx, 1.0, r), perm=perm), perm=perm)
+
+
+def _hardsigmoid(ctx, x, perm, **_):
+    r = x.type.rank
+    shifted = ctx.emit("add", x, _scalar(ctx, 3.0, r), perm=perm)
+    return ctx.emit("mul", ctx.emit("clamp", shifted, perm=perm, min=0.0, max=6.0), _scalar(ctx, 1 / 6, r), perm=perm)
+
+
+def _hardswish(ctx, x, perm, **_):
+    return ctx.emit("mul", x, _hardsigmoid(ctx, x, perm), perm=perm)
+
+
+def _silu(ctx, x, perm, **_):
+    return ctx.emit("mul", x, ctx.emit("sigmoid", x, perm=perm), perm=perm)
+
+
+FLOAT_POINTWISE = {
+    aten.sigmoid: lambda ctx, x, perm, **_: ctx.emit("sigmoid", x, perm=perm),
+    aten.tanh: lambda ctx, x, perm, **_: ctx.emit("tanh", x, perm=perm),
+    aten.exp: lambda ctx, x, perm, **_: ctx.emit("exp", x, perm=perm),
+    aten.gelu: _gelu,
+    aten.hardsigmoid: _hardsigmoid,
+    aten.hardswish: _hardswish,
+    aten.hardswish_: _hardswish,
+    aten.silu: _silu,
+}
+
+
+@register(aten.sigmoid, aten.tanh, aten.exp, aten.gelu, aten.hardsigmoid, aten.hardswish, aten.hardswish_,
+          aten.silu, aten.elu, aten.leaky_relu)
+def pointwise(ctx: ImportContext, node, input: Ref, **kwargs):
+    x, out = _float_ref(ctx, input), ctx.out_spec()
+    if _static_quantized(x) and out is not None:
+        spec = x.spec
+        if spec.is_per_channel or spec.qmax - spec.qmin >= 2**16:
+            raise ctx.unsupported(f"a lookup table needs a per-tensor 8/16-bit input, got {spec}")
+        table = lookup_table(ctx, node, spec, out)
+        return Ref.of(ctx.emit("table", ctx.value_in(x), perm=x.perm, table=table, offset=-spec.qmin, out=out),
+                      x.perm)
+    fn = FLOAT_POINTWISE.get(packet(node))
+    if fn is None:
+        raise ctx.unsupported("only supported on int8 tensors quantized on both sides (as a lookup table)")
+    return Ref.of(fn(ctx, ctx.as_float(x), x.perm, **kwargs), x.perm)
+
+
+@register(aten.batch_norm)
+def batch_norm(ctx: ImportContext, node, input: Ref, weight, bias, running_mean, running_var, training, momentum,
+               eps, **_):
+    if training:
+        raise ctx.unsupported("batch norm in training mode; call model.eval() before exporting")
+    if input.is_quantized:
+        raise ctx.unsupported("a BatchNorm that doesn't follow a conv/linear can't be folded into one; "
+                              "qlower quantizes BatchNorm only after folding")
+    c = input.torch_shape[1]
+    mean, var = running_mean.data.astype(np.float64), running_var.data.astype(np.float64)
+    w = weight.data.astype(np.float64) if weight is not None else np.ones(c)
+    b = bias.data.astype(np.float64) if bias is not None else np.zeros(c)
+    scale = w / np.sqrt(var + eps)
+    shape = (1, c) + (1,) * (input.rank - 2)
+    mul = Ref.constant(scale.reshape(shape).astype(np.float32))
+    add = Ref.constant((b - mean * scale).reshape(shape).astype(np.float32))
+    perm, (x, m) = ctx.broadcast([input, mul], floats=True)
+    scaled = ctx.emit("mul", x, m, perm=perm)
+    _, (a,) = ctx.broadcast([add], perm=perm, floats=True)
+    return Ref.of(ctx.emit("add", scaled, a, perm=perm), perm)

@@ -1,0 +1,197 @@
+"""conv1d / conv2d / linear / matmul: multiply-accumulate into an int32 accumulator, then ``rescale``.
+
+Static: int8 input × int8 weight (OHWI for convs, permuted with NumPy) + int32
+bias ``round_half_even(b / (s_in * s_w[c]))`` → accumulator with scale
+``s_in * s_w[c]`` → ``rescale`` to the output's QuantSpec (or to that of a fused
+activation). A conv without bias gets ``None``, never a zero bias.
+Dynamic: codes with a run-time scale → accumulator → ``dequantize`` by the
+run-time scale → ``add`` of the float bias. Float: the same ops on float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from qlower.frontend import layout
+from qlower.frontend.context import ImportContext, Ref
+from qlower.frontend.rules import register
+from qlower.ir import QuantSpec, Value
+
+aten = torch.ops.aten
+INT32_MAX = 2**31 - 1
+
+
+def _spatial(values: int | Sequence[int], n: int) -> tuple[int, ...]:
+    values = [values] if isinstance(values, int) else list(values)
+    return tuple(values * n) if len(values) == 1 else tuple(values)
+
+
+def conv_padding(padding, kernel: Sequence[int], dilation: Sequence[int]) -> list[tuple[int, int]]:
+    """(before, after) per spatial dim; 'same' puts the odd extra element after, as PyTorch does."""
+    if padding == "valid":
+        return [(0, 0)] * len(kernel)
+    if padding == "same":
+        out = []
+        for k, d in zip(kernel, dilation):
+            total = d * (k - 1)
+            out.append((total // 2, total - total // 2))
+        return out
+    return [(p, p) for p in _spatial(padding, len(kernel))]
+
+
+def quantized_bias(ctx: ImportContext, bias: Ref | None, acc_spec: QuantSpec) -> Value | None:
+    """The float bias as int32 codes at the accumulator's scale (round half to even)."""
+    if bias is None:
+        return None
+    if not bias.is_float_const:
+        raise ctx.unsupported("the bias must be a float constant")
+    spec = acc_spec.with_axis(0 if acc_spec.is_per_channel else None)
+    codes = np.rint(bias.data.astype(np.float64) / np.asarray(spec.scale, dtype=np.float64))
+    if np.abs(codes).max(initial=0) > INT32_MAX:
+        raise ctx.unsupported("the bias doesn't fit int32 at scale s_in * s_w; the input or weight scale is tiny")
+    return ctx.constant(codes.astype(np.int32), spec, origin=bias.origin, name=f"{ctx.node.name}_bias")
+
+
+def _accumulate(ctx: ImportContext, kind: str, x: Value, w: Ref, w_perm, bias: Ref | None, perm, **attrs) -> Value:
+    """Static quantized gemm: returns the int32 accumulator (bias included)."""
+    if w.quant is None:
+        raise ctx.unsupported("a quantized input needs a quantized weight")
+    wv = _weight(ctx, w, w_perm)
+    acc_spec = QuantSpec.accumulator(x.quant, wv.quant, axis=0)
+    return ctx.emit(kind, x, wv, quantized_bias(ctx, bias, acc_spec), perm=perm, **attrs)
+
+
+def _weight(ctx: ImportContext, w: Ref, perm, floats: bool = False) -> Value:
+    value = ctx.place_constant(w, tuple(perm), name=f"{ctx.node.name}_weight")
+    return ctx.as_float(Ref.of(value, tuple(perm))) if floats else value
+
+
+def _dynamic_finish(ctx: ImportContext, acc: Value, scale: Value, bias: Ref | None, perm) -> Value:
+    out = ctx.emit("dequantize", acc, scale, perm=perm)
+    if bias is None:
+        return out
+    data = bias.data.astype(np.float32).reshape((1,) * (acc.type.rank - 1) + (-1,))
+    return ctx.emit("add", out, ctx.constant(data, origin=bias.origin, name=f"{ctx.node.name}_bias"), perm=perm)
+
+
+def _float_bias(ctx: ImportContext, bias: Ref | None) -> Value | None:
+    if bias is None:
+        return None
+    return ctx.as_float(Ref.of(ctx.place_constant(bias, (0,), name=f"{ctx.node.name}_bias"), (0,)))
+
+
+@register(aten.conv2d, aten.conv1d)
+def conv(ctx: ImportContext, node, input: Ref, weight: Ref, bias: Ref | None = None, stride=1, padding=0,
+         dilation=1, groups=1, **_):
+    if not weight.is_const:
+        raise ctx.unsupported("the conv weight must be a constant (a parameter or buffer)")
+    n_spatial = weight.data.ndim - 2
+    if n_spatial not in (1, 2) or input.rank != n_spatial + 2:
+        raise ctx.unsupported(f"conv with a {input.rank}-D input and a {weight.data.ndim}-D weight")
+    kernel = weight.data.shape[2:]
+    stride, dilation = _spatial(stride, n_spatial), _spatial(dilation, n_spatial)
+    pads = conv_padding(padding, kernel, dilation)
+    if n_spatial == 1:  # conv1d as a conv2d over [N, 1, L, C]
+        stride, dilation, pads = (1,) + stride, (1,) + dilation, [(0, 0)] + pads
+        weight = Ref(data=weight.data[:, :, None, :], perm=(0, 1, 2, 3), quant=weight.quant, origin=weight.origin)
+    attrs = dict(stride=stride, dilation=dilation, pad=tuple(p for pair in pads for p in pair), groups=groups)
+    if input.is_quantized and weight.quant is None:  # a conv the quantizer left alone: float
+        input = Ref.of(ctx.as_float(input), input.perm)
+
+    x, scale = _conv_input(ctx, input, n_spatial)
+    if scale is not None:  # dynamic
+        acc = ctx.emit("conv2d", x, _weight(ctx, weight, layout.NHWC), None, perm=layout.NHWC, **attrs)
+        out = _dynamic_finish(ctx, acc, scale, bias, layout.NHWC)
+        result = Ref.of(out, layout.NHWC)
+    elif x.quant is not None:
+        acc = _accumulate(ctx, "conv2d", x, weight, layout.NHWC, bias, layout.NHWC, **attrs)
+        result = ctx.requant(acc, layout.NHWC) if n_spatial == 2 else _requant_or_float(ctx, acc)
+    else:
+        out = ctx.emit("conv2d", x, _weight(ctx, weight, layout.NHWC, floats=True), _float_bias(ctx, bias),
+                       perm=layout.NHWC, **attrs)
+        result = Ref.of(out, layout.NHWC)
+    if n_spatial == 2:
+        return result
+    # [N, 1, L, O] → [N, L, O], i.e. PyTorch's [N, O, L] in layout (0, 2, 1)
+    v = result.value
+    return Ref.of(ctx.emit("reshape", v, perm=(0, 2, 1), shape=(v.shape[0], v.shape[2], v.shape[3])), (0, 2, 1))
+
+
+def _requant_or_float(ctx: ImportContext, acc: Value) -> Ref:
+    """A per-channel accumulator can't be reshaped: requantize it, or go to float."""
+    ref = ctx.requant(acc, layout.NHWC)
+    if ref.value.quant.is_per_channel:
+        return Ref.of(ctx.as_float(ref), layout.NHWC)
+    return ref
+
+
+def _conv_input(ctx: ImportContext, x: Ref, n_spatial: int) -> tuple[Value, Value | None]:
+    """The conv input as NHWC (conv1d: [N, 1, L, C]) codes or floats, with its run-time scale if dynamic."""
+    if n_spatial == 2:
+        return ctx.value_in(x, layout.NHWC), _scale_in(ctx, x, layout.NHWC)
+    v = ctx.value_in(x, (0, 2, 1))
+    n, length, c = v.shape
+    v4 = ctx.emit("reshape", v, perm=(), shape=(n, 1, length, c))
+    scale = _scale_in(ctx, x, (0, 2, 1))
+    if scale is not None:
+        scale = ctx.emit("reshape", scale, perm=(), shape=(scale.shape[0], 1) + scale.shape[1:])
+    return v4, scale
+
+
+def _scale_in(ctx: ImportContext, x: Ref, perm) -> Value | None:
+    if x.scale is None:
+        return None
+    if x.value.quant.dynamic == "per_row" and tuple(x.perm) != tuple(perm):
+        raise ctx.unsupported("per-row dynamic codes in the wrong layout for this conv")
+    return x.scale
+
+
+@register(aten.linear)
+def linear(ctx: ImportContext, node, input: Ref, weight: Ref, bias: Ref | None = None, **_):
+    if not weight.is_const or weight.data.ndim != 2:
+        raise ctx.unsupported("the linear weight must be a 2-D constant (a parameter or buffer)")
+    rank = input.rank
+    if input.is_quantized and weight.quant is None:  # a linear the quantizer left alone: float
+        input = Ref.of(ctx.as_float(input), input.perm)
+    perm = input.perm if input.perm and input.perm[-1] == rank - 1 else layout.identity(rank)
+    x = ctx.value_in(input, perm)
+    if input.scale is not None:
+        acc = ctx.emit("fully_connected", x, _weight(ctx, weight, (0, 1)), None, perm=perm)
+        return Ref.of(_dynamic_finish(ctx, acc, input.scale, bias, perm), perm)
+    if x.quant is not None:
+        return ctx.requant(_accumulate(ctx, "fully_connected", x, weight, (0, 1), bias, perm), perm)
+    out = ctx.emit("fully_connected", x, _weight(ctx, weight, (0, 1), floats=True), _float_bias(ctx, bias), perm=perm)
+    return Ref.of(out, perm)
+
+
+@register(aten.matmul, aten.bmm, aten.mm)
+def matmul(ctx: ImportContext, node, input: Ref, other: Ref | None = None, mat2: Ref | None = None, **_):
+    a, b = input, other if other is not None else mat2
+    if a.rank < 2 or b.rank < 2:
+        raise ctx.unsupported("matmul with a 1-D operand; reshape it to 2-D in the model")
+    sa, sb = a.torch_shape, b.torch_shape
+    flatten = b.rank == 2 and a.rank > 2
+    if not flatten and (a.rank != b.rank or sa[:-2] != sb[:-2]):
+        raise ctx.unsupported(f"matmul of {list(sa)} and {list(sb)}: batch dims must be equal (no broadcasting)")
+    dynamic = a.scale is not None or b.scale is not None
+    if dynamic and (a.scale is None or b.scale is None or flatten):
+        raise ctx.unsupported("dynamic matmul needs both operands quantized at run time and equal ranks")
+    quantized = a.is_quantized and b.is_quantized and not dynamic
+    place = ctx.value_in if (quantized or dynamic) else ctx.as_float
+    va, vb = place(a, layout.identity(a.rank)), place(b, layout.identity(b.rank))
+    out_shape = tuple(sa[:-1]) + (sb[-1],)
+    if flatten:
+        va = ctx.emit("reshape", va, perm=(), shape=(int(np.prod(sa[:-1])), sa[-1]))
+    acc = ctx.emit("matmul", va, vb, perm=layout.identity(len(out_shape)))
+    if dynamic:
+        scale = ctx.emit("mul", a.scale, b.scale, perm=())
+        return Ref.of(ctx.emit("dequantize", acc, scale, perm=layout.identity(len(out_shape))),
+                      layout.identity(len(out_shape)))
+    perm = layout.identity(len(out_shape))
+    if flatten:
+        acc = ctx.emit("reshape", acc, perm=perm, shape=out_shape)
+    return ctx.requant(acc, perm) if quantized else Ref.of(acc, perm)
+

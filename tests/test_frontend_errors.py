@@ -1,0 +1,128 @@
+"""Frontend errors: what is wrong, where in the model (source line, module path), what to do."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qlower.errors import InputError, UnsupportedOpError
+from qlower.frontend import QuantConfig, capture_and_import
+
+
+class Upsampler(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return F.interpolate(y, scale_factor=2.0)
+
+
+class Outer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Conv2d(3, 3, 1))
+        self.block.add_module("up", nn.Upsample(scale_factor=2.0))
+
+    def forward(self, x):
+        return self.block(x)
+
+
+def _line_of(fn, text: str) -> int:
+    lines, start = inspect.getsourcelines(fn)
+    return start + next(i for i, line in enumerate(lines) if text in line)
+
+
+X = torch.randn(1, 3, 6, 6)
+
+
+@pytest.mark.parametrize("quant", [None, QuantConfig()], ids=["float", "int8"])
+def test_unsupported_op_names_the_op_and_the_model_line(quant):
+    with pytest.raises(UnsupportedOpError) as err:
+        capture_and_import(Upsampler(), (X,), quant, [(X,)], progress=False)
+    message = str(err.value)
+    assert "upsample_nearest2d" in message
+    assert f"test_frontend_errors.py:{_line_of(Upsampler.forward, 'F.interpolate')}" in message
+
+
+def test_unsupported_op_names_the_module_path():
+    with pytest.raises(UnsupportedOpError) as err:
+        capture_and_import(Outer(), (X,), QuantConfig(), [(X,)], progress=False)
+    assert "module 'block.up'" in str(err.value) and "Upsample" in str(err.value)
+
+
+class LoneBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(torch.relu(self.conv(x)))  # relu between: BN can't fold into the conv
+
+
+def test_unfolded_batch_norm_is_float_only():
+    model = LoneBatchNorm().eval()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-1, 1)
+        model.bn.running_var.uniform_(0.5, 2)
+    result = capture_and_import(model, (X,), None, progress=False)  # float: explicit mul + add
+    assert {"mul", "add"} <= set(result.graph.count_ops())
+    with pytest.raises(UnsupportedOpError, match="batch_norm") as err:
+        capture_and_import(model, (X,), QuantConfig(), [(X,)], progress=False)
+    assert f"test_frontend_errors.py:{_line_of(LoneBatchNorm.forward, 'self.bn(')}" in str(err.value)
+
+
+class RuntimeWeight(nn.Module):
+    def forward(self, x, w):
+        return F.conv2d(x, w)
+
+
+def test_conv_with_a_runtime_weight_is_rejected():
+    w = torch.randn(2, 3, 1, 1)
+    with pytest.raises(UnsupportedOpError, match="weight must be a constant"):
+        capture_and_import(RuntimeWeight(), (X, w), None, progress=False)
+
+
+class Branchy(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:  # data-dependent control flow: not exportable
+            return x * 2
+        return x
+
+
+def test_unexportable_model():
+    with pytest.raises(UnsupportedOpError, match="torch.export could not capture Branchy"):
+        capture_and_import(Branchy(), (X,), None, progress=False)
+
+
+class Embedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 4)
+
+    def forward(self, idx):
+        return self.emb(idx)
+
+
+def test_non_float_input_is_rejected():
+    with pytest.raises(UnsupportedOpError, match="float32"):
+        capture_and_import(Embedding(), (torch.tensor([[1, 2]]),), None, progress=False)
+
+
+def test_quantization_needs_calibration():
+    with pytest.raises(InputError, match="calibration"):
+        capture_and_import(Upsampler(), (X,), QuantConfig(), [], progress=False)
+
+
+def test_unknown_fixed_override_names_the_modules():
+    config = QuantConfig(fixed={"nonexistent": (0.1, 0, -128, 127)})
+    with pytest.raises(InputError, match="nonexistent.*modules: .*conv"):
+        capture_and_import(Upsampler(), (X,), config, [(X,)], progress=False)
+    with pytest.raises(InputError, match="1 input"):
+        capture_and_import(Upsampler(), (X,), QuantConfig(fixed={"input:3": (0.1, 0, -128, 127)}), [(X,)],
+                           progress=False)
