@@ -13,6 +13,9 @@ Not folded, deliberately:
 * ops with several results (``dynamic_quantize``): their run-time scale is the point;
 * results with a dynamic QuantSpec (their meaning needs a run-time scale);
 * ops the reference has no kernel for (e.g. ``delegate``);
+* ``dequantize``: it is where codes leave the quantized program; folding it would
+  turn an int8 constant into a float one four times its size, and a model that
+  folds to a constant (S3) would no longer hand its codes to an integer backend;
 * results larger than ``max_bytes``, except weight transforms (``transpose``,
   ``reshape``), which never grow the data and are always folded;
 * ops whose evaluation fails (overflow, division by zero): the op is left in
@@ -52,7 +55,7 @@ class FoldConstants:
         self.max_bytes = max_bytes
 
     def foldable(self, op: Op, inputs: list[Value], constants: dict[Value, np.ndarray]) -> bool:
-        if op.kind == "constant" or len(op.results) != 1 or op.kind not in KERNELS:
+        if op.kind in ("constant", "dequantize") or len(op.results) != 1 or op.kind not in KERNELS:
             return False
         if not inputs or any(v not in constants for v in inputs):
             return False
