@@ -108,8 +108,11 @@ def test_a_backend_writing_other_than_its_declared_type_is_an_error():
     g = _chain_graph()
     backend = BoxBackend({"rescale", "concat"}, wrong_output_dtype=True)
     result = partition(g, backend, "box")
-    with pytest.raises(ExecutionError, match="boundary type"):
-        Runner(result.host, result.partitions, {"box": backend}).run(_inputs())
+    runner = Runner(result.host, result.partitions, {"box": backend})
+    with pytest.raises(ExecutionError, match=r"uint8\[1, 4, 4, 8\], expected int8"):
+        runner.run(_inputs())  # host ops on the CPU plan
+    with pytest.raises(ExecutionError, match="wrote uint8.*its boundary type is int8"):
+        runner.run(_inputs(), trace=True)  # host ops on the reference interpreter
 
 
 def test_constants_are_copied_into_each_partition_that_reads_them():

@@ -56,7 +56,7 @@ class Program:
             else:
                 from qlower.runtime.runner import Runner
 
-                self._runner = Runner(self.graph, self.partitions, self._backends())
+                self._runner = Runner(self.graph, self.partitions, self._backends(), threads=self.meta.get("threads"))
         return self._runner
 
     def run(self, *inputs: Any) -> list[np.ndarray]:

@@ -1,0 +1,133 @@
+"""CPU backend latency: MobileNetV2- and ResNet-18-shaped int8 IR graphs beside torch eager fp32.
+
+The int8 graphs are built directly in the IR with random int8 weights
+(benchmarks/models_ir.py), 224x224x3, batch 1, and compiled with
+``qlower.backends.cpu.prepare(graph, threads=2)``. The fp32 baselines are the zoo's
+torch models (``qlower.zoo.get(name)[0]``, NCHW, eager, ``torch.inference_mode``)
+with the same thread count. After a warm-up, int8 and fp32 runs alternate (so both
+see the same machine load) and the median of ``--runs`` is reported. The int8 output
+is checked once against the reference interpreter (bit-exact). Targets on the
+2-core machine: MobileNetV2 <= 16 ms, ResNet-18 <= 60 ms.
+
+    python benchmarks/latency.py [--runs 50] [--warmup 10] [--threads 2] [--no-check]
+
+Prints a table and writes benchmarks/results/latency.json (per-run times, medians,
+load average, machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from models_ir import build_mobilenet_v2, build_resnet18, macs  # noqa: E402
+
+from qlower import zoo  # noqa: E402
+from qlower.backends.cpu import native, prepare  # noqa: E402
+from qlower.backends.cpu.gemm import int_mm_exact  # noqa: E402
+from qlower.reference import run_graph  # noqa: E402
+
+MODELS = {  # name: (IR builder, zoo name, target ms)
+    "mobilenet_v2": (build_mobilenet_v2, "mobilenet_v2", 16.0),
+    "resnet18": (build_resnet18, "resnet18", 60.0),
+}
+
+
+def _time(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def bench(name: str, runs: int, warmup: int, threads: int, check: bool) -> dict:
+    build, zoo_name, target = MODELS[name]
+    graph = build()
+    t0 = time.perf_counter()
+    plan = prepare(graph, threads=threads)
+    prepare_s = time.perf_counter() - t0
+    image = np.random.default_rng(1).integers(-128, 128, size=graph.inputs[0].shape, dtype=np.int8)
+
+    model = zoo.get(zoo_name)[0].eval()
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.inference_mode():
+            for _ in range(warmup):
+                plan.run([image])
+                model(x)
+            int8_s, fp32_s = [], []
+            for _ in range(runs):
+                int8_s.append(_time(lambda: plan.run([image])))
+                fp32_s.append(_time(lambda: model(x)))
+    finally:
+        torch.set_num_threads(previous)
+    exact = None
+    if check:
+        exact = bool(np.array_equal(plan.run([image])[0], run_graph(graph, [image])[0]))
+    med8, med32 = statistics.median(int8_s) * 1e3, statistics.median(fp32_s) * 1e3
+    return {
+        "model": name, "macs": macs(graph), "ops": len(graph.ops), "steps": plan.num_steps,
+        "fused": len(plan.fused), "prepare_s": round(prepare_s, 3),
+        "int8_ms": {"median": round(med8, 3), "p10": round(np.percentile(int8_s, 10) * 1e3, 3),
+                    "p90": round(np.percentile(int8_s, 90) * 1e3, 3), "runs": [round(t * 1e3, 3) for t in int8_s]},
+        "fp32_eager_ms": {"median": round(med32, 3), "p10": round(np.percentile(fp32_s, 10) * 1e3, 3),
+                          "p90": round(np.percentile(fp32_s, 90) * 1e3, 3), "runs": [round(t * 1e3, 3) for t in fp32_s]},
+        "target_ms": target, "meets_target": med8 <= target, "speedup_vs_fp32": round(med32 / med8, 2),
+        "bit_exact_vs_reference": exact,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--no-check", dest="check", action="store_false", help="skip the reference comparison")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "latency.json")
+    args = parser.parse_args()
+
+    load_before = os.getloadavg()[0]
+    rows = [bench(m, args.runs, args.warmup, args.threads, args.check) for m in args.models]
+    result = {
+        "benchmark": "latency", "threads": args.threads, "runs": args.runs, "warmup": args.warmup,
+        "models": rows,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "native_kernels": native.load() is not None, "int8_gemm": int_mm_exact(),
+                    "load_average_1min_before": round(load_before, 2),
+                    "load_average_1min_after": round(os.getloadavg()[0], 2)},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    _print_table(result)
+    print(f"written to {args.out}")
+
+
+def _print_table(r: dict) -> None:
+    header = ("model", "MACs", "int8 cpu (ms)", "p10-p90", "target", "fp32 eager (ms)", "speedup", "exact")
+    rows = [(m["model"], f"{m['macs'] / 1e6:.0f} M", f"{m['int8_ms']['median']:.2f}",
+             f"{m['int8_ms']['p10']:.1f}-{m['int8_ms']['p90']:.1f}",
+             f"<= {m['target_ms']:.0f} {'met' if m['meets_target'] else 'MISSED'}",
+             f"{m['fp32_eager_ms']['median']:.2f}", f"{m['speedup_vs_fp32']:.2f}x",
+             {True: "yes", False: "NO", None: "-"}[m["bit_exact_vs_reference"]]) for m in r["models"]]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    for line in (header, *rows):
+        print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
+    mc = r["machine"]
+    print(f"threads {r['threads']}, median of {r['runs']} runs after {r['warmup']} warm-up; "
+          f"load average {mc['load_average_1min_before']} -> {mc['load_average_1min_after']} on {mc['cpus']} CPUs")
+
+
+if __name__ == "__main__":
+    main()

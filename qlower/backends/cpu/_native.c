@@ -1,0 +1,277 @@
+/* Fused integer kernels of the qlower CPU backend (loaded by native.py with ctypes).
+ *
+ * Every function reproduces, element by element, the arithmetic of
+ * qlower/requant.py (TOSA 1.0 apply_scale_32) and of the reference interpreter:
+ *   v = x + offset            (offset: folded bias/zero-point terms of a GEMM; the sum must fit int32)
+ *   v = v - in_zp
+ *   REQUIRE -h <= v < h, h = min(2**(s-1), 2**31)   (in range for the shift, and an int32)
+ *   y = (v * m + rnd) >> s    (int64, rnd = 2**(s-1), +-2**30 for DOUBLE_ROUND with s > 31)
+ *   y = clamp(clamp(y + out_zp, lo1, hi1), lo2, hi2)   (rescale's [qmin, qmax], then a fused clamp)
+ * Products are formed in uint64 so that they wrap like NumPy's int64 instead of being undefined.
+ * Violations are reported as flag bits; the caller raises the reference's error.
+ * Threads: OpenMP, sharing the runtime (libgomp.so.1) already loaded by torch.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#define FLAG_INT32 1   /* an int32 result (accumulator or sum) is out of range */
+#define FLAG_SCALE 2   /* a rescale input is outside [-h, h), h = min(2**(s-1), 2**31) */
+
+/* channel params: 7 arrays of C int64 each: offset, in_zp, mult, shift, h = min(2**(shift-1), 2**31)
+ * (the REQUIRE bound), rnd_pos, rnd_neg (the rounding constants for v >= 0 and v < 0) */
+/* scalars: out_zp, lo1, hi1, lo2, hi2, check_int32 */
+
+/* The int8 stores of these kernels may alias anything (char types), so every pointer is
+ * `restrict`, every parameter is read into a local before the loops, and loop bodies are
+ * branch-free (flags are or-ed bit masks): this is what lets the compiler vectorize them. */
+static inline int64_t apply_scale(int64_t v, int64_t m, int64_t s, int64_t half, int64_t rp, int64_t rn,
+                                  int64_t *flags) {
+    *flags |= ((int64_t)(v < -half) | (int64_t)(v >= half)) << 1;
+    const uint64_t t = (uint64_t)v * (uint64_t)m + (uint64_t)(v >= 0 ? rp : rn);
+    return ((int64_t)t) >> s;
+}
+
+typedef struct { int64_t zp, lo1, hi1, lo2, hi2; } out_params;
+
+static inline out_params load_out(const int64_t *sc) {
+    out_params o = {sc[0], sc[1], sc[2], sc[3], sc[4]};
+    return o;
+}
+
+static inline int64_t clamp2(int64_t y, out_params o) {
+    y += o.zp;
+    y = y < o.lo1 ? o.lo1 : y;
+    y = y > o.hi1 ? o.hi1 : y;
+    y = y < o.lo2 ? o.lo2 : y;
+    y = y > o.hi2 ? o.hi2 : y;
+    return y;
+}
+
+static inline int64_t int32_flag(int64_t v) {
+    return (int64_t)(v < INT32_MIN) | (int64_t)(v > INT32_MAX);
+}
+
+/* One row of C channels: the body every rescaling kernel shares. */
+#define RESCALE_ROW(TIN, TOUT)                                                                   \
+static inline int64_t rescale_row_##TIN##_##TOUT(                                                \
+        const TIN *restrict x, TOUT *restrict y, int64_t C, const int64_t *restrict off,         \
+        const int64_t *restrict zp, const int64_t *restrict mu, const int64_t *restrict sh,      \
+        const int64_t *restrict hf, const int64_t *restrict rp, const int64_t *restrict rn,      \
+        int64_t check, out_params o) {                                                           \
+    int64_t f = 0;                                                                               \
+    for (int64_t c = 0; c < C; c++) {                                                            \
+        const int64_t v = (int64_t)x[c] + off[c];                                                \
+        f |= int32_flag(v) & check;                                                              \
+        y[c] = (TOUT)clamp2(apply_scale(v - zp[c], mu[c], sh[c], hf[c], rp[c], rn[c], &f), o);   \
+    }                                                                                            \
+    return f;                                                                                    \
+}
+
+/* x holds n values; channel parameters repeat with period C (the caller may tile them, e.g. to
+ * 256 lanes, so that the vector loop is long whatever the channel count); n % C values at the
+ * end use the first n % C parameters, so C must be a multiple of the true channel count. */
+#define DEFINE_RESCALE(NAME, TIN, TOUT)                                                          \
+RESCALE_ROW(TIN, TOUT)                                                                           \
+int64_t NAME(const TIN *restrict x, int64_t n, int64_t C, const int64_t *restrict ch,            \
+             const int64_t *restrict sc, TOUT *restrict y) {                                     \
+    const int64_t check = sc[5] ? 1 : 0;                                                         \
+    const out_params o = load_out(sc);                                                           \
+    int64_t flags = 0;                                                                           \
+    if (C == 1) {                                                                                \
+        const int64_t off = ch[0], z = ch[1], m = ch[2], s = ch[3], h = ch[4], p = ch[5];        \
+        const int64_t q = ch[6];                                                                 \
+        const int64_t block = 4096, nblocks = (n + block - 1) / block;                           \
+        _Pragma("omp parallel for reduction(|:flags) schedule(static)")                          \
+        for (int64_t b = 0; b < nblocks; b++) {                                                  \
+            const int64_t i0 = b * block, i1 = i0 + block < n ? i0 + block : n;                  \
+            int64_t f = 0;                                                                       \
+            for (int64_t i = i0; i < i1; i++) {                                                  \
+                const int64_t v = (int64_t)x[i] + off;                                           \
+                f |= int32_flag(v) & check;                                                      \
+                y[i] = (TOUT)clamp2(apply_scale(v - z, m, s, h, p, q, &f), o);                   \
+            }                                                                                    \
+            flags |= f;                                                                          \
+        }                                                                                        \
+    } else {                                                                                     \
+        const int64_t *off = ch, *zp = ch + C, *mu = ch + 2 * C, *sh = ch + 3 * C;               \
+        const int64_t *hf = ch + 4 * C, *rp = ch + 5 * C, *rn = ch + 6 * C;                      \
+        const int64_t rows = n / C, tail = n % C;                                                \
+        _Pragma("omp parallel for reduction(|:flags) schedule(static)")                          \
+        for (int64_t r = 0; r <= rows; r++) {                                                    \
+            const int64_t len = r < rows ? C : tail;                                             \
+            flags |= rescale_row_##TIN##_##TOUT(x + r * C, y + r * C, len, off, zp, mu, sh, hf, rp, \
+                                                rn, check, o);                                   \
+        }                                                                                        \
+    }                                                                                            \
+    return flags;                                                                                \
+}
+
+typedef int8_t i8;
+typedef int16_t i16;
+typedef int32_t i32;
+
+DEFINE_RESCALE(qlw_rescale_i32_i8, i32, i8)
+DEFINE_RESCALE(qlw_rescale_i32_i16, i32, i16)
+DEFINE_RESCALE(qlw_rescale_i32_i32, i32, i32)
+DEFINE_RESCALE(qlw_rescale_i16_i8, i16, i8)
+DEFINE_RESCALE(qlw_rescale_i16_i16, i16, i16)
+DEFINE_RESCALE(qlw_rescale_i16_i32, i16, i32)
+DEFINE_RESCALE(qlw_rescale_i8_i8, i8, i8)
+DEFINE_RESCALE(qlw_rescale_i8_i16, i8, i16)
+DEFINE_RESCALE(qlw_rescale_i8_i32, i8, i32)
+
+/* Quantized elementwise add/sub of two int8 tensors of the same shape:
+ *   ra = rescale_a(a), rb = rescale_b(b)     (each to int32, clamped to its [qmin, qmax])
+ *   s  = ra + rb (or ra - rb), must fit int32
+ *   y  = clamp(rescale_o(s))                 (the output rescale, then a fused clamp)
+ * p: a: zp, m, s, half, rp, rn, out_zp, lo, hi (0..8); b: the same (9..17); 18: subtract;
+ *    out: in_zp, m, s, half, rp, rn (19..24); 25..30: scalars as DEFINE_RESCALE's sc[0..5]
+ *    (load_rescale(p + 19) also reads 25..27 into out_zp/lo/hi, which qadd_block ignores) */
+typedef struct { int64_t zp, m, s, half, rp, rn, out_zp, lo, hi; } rescale_params;
+
+static inline rescale_params load_rescale(const int64_t *p) {
+    rescale_params r = {p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], p[8]};
+    return r;
+}
+
+static inline int64_t qadd_block(const int8_t *restrict a, const int8_t *restrict b, int8_t *restrict y,
+                                 int64_t n, rescale_params pa, rescale_params pb, int64_t sub,
+                                 rescale_params po, out_params o) {
+    int64_t f = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t ra = apply_scale((int64_t)a[i] - pa.zp, pa.m, pa.s, pa.half, pa.rp, pa.rn, &f) + pa.out_zp;
+        ra = ra < pa.lo ? pa.lo : ra;
+        ra = ra > pa.hi ? pa.hi : ra;
+        int64_t rb = apply_scale((int64_t)b[i] - pb.zp, pb.m, pb.s, pb.half, pb.rp, pb.rn, &f) + pb.out_zp;
+        rb = rb < pb.lo ? pb.lo : rb;
+        rb = rb > pb.hi ? pb.hi : rb;
+        const int64_t s = ra + (rb ^ -sub) + sub;  /* ra - rb when sub == 1, ra + rb when 0 */
+        f |= int32_flag(s);
+        y[i] = (int8_t)clamp2(apply_scale(s - po.zp, po.m, po.s, po.half, po.rp, po.rn, &f), o);
+    }
+    return f;
+}
+
+int64_t qlw_qadd_i8(const int8_t *restrict a, const int8_t *restrict b, int64_t n, const int64_t *restrict p,
+                    int8_t *restrict y) {
+    const rescale_params pa = load_rescale(p), pb = load_rescale(p + 9), po = load_rescale(p + 19);
+    const int64_t sub = p[18] ? 1 : 0;
+    const out_params o = load_out(p + 25);
+    const int64_t block = 4096, nblocks = (n + block - 1) / block;
+    int64_t flags = 0;
+    _Pragma("omp parallel for reduction(|:flags) schedule(static)")
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+        const int64_t i0 = blk * block, len = i0 + block < n ? block : n - i0;
+        flags |= qadd_block(a + i0, b + i0, y + i0, len, pa, pb, sub, po, o);
+    }
+    return flags;
+}
+
+/* Depthwise convolution, NHWC int8 input (channel multiplier 1), centered weights (w - w_zp).
+ * g: N, H, W, C, KH, KW, SH, SW, DH, DW, PT, PL, OH, OW, x_zp, T.
+ * w: [KH*KW][T*C] int32, each tap's C weights repeated T times; ch: the 7 rescale parameter
+ * arrays (DEFINE_RESCALE) tiled the same way, T*C entries each (only the offsets when requant == 0).
+ * An output row (OW pixels x C channels) is accumulated tap by tap in int32: for each tap, the
+ * output pixels whose input lies inside the image get (x - x_zp) * w; padding taps contribute 0,
+ * i.e. they hold the input zero point. With stride 1 the input pixels of T consecutive outputs are
+ * contiguous, so the inner loop runs over T*C values against the tiled weights. Each output is
+ * the exact int32 sum of at most KH*KW products: the caller proves KH*KW*max|x - x_zp|*max|w| < 2**31.
+ * Then, per output channel:
+ *   requant != 0: y (int8) = rescale(sum + offset) with ch/sc as in DEFINE_RESCALE
+ *   requant == 0: y (int32) = sum + offset[c], checked to fit int32. */
+int64_t qlw_dwconv_i8(const int8_t *restrict x, const int64_t *restrict g, const int32_t *restrict w,
+                      const int64_t *restrict ch, const int64_t *restrict sc, void *restrict y, int64_t requant) {
+    const int64_t N = g[0], H = g[1], W = g[2], C = g[3], KH = g[4], KW = g[5], SH = g[6], SW = g[7];
+    const int64_t DH = g[8], DW = g[9], PT = g[10], PL = g[11], OH = g[12], OW = g[13], T = g[15];
+    const int32_t zx = (int32_t)g[14];
+    const int64_t TC = T * C;
+    const int64_t *restrict off = ch, *restrict zp = ch + TC, *restrict mu = ch + 2 * TC;
+    const int64_t *restrict sh = ch + 3 * TC, *restrict hf = ch + 4 * TC, *restrict rp = ch + 5 * TC;
+    const int64_t *restrict rn = ch + 6 * TC;
+    const out_params op = load_out(sc);
+    int64_t flags = 0;
+    _Pragma("omp parallel reduction(|:flags)")
+    {
+        int32_t *restrict acc = (int32_t *)malloc(sizeof(int32_t) * (size_t)(OW * C));
+        int64_t f = 0;
+        _Pragma("omp for schedule(static)")
+        for (int64_t row = 0; row < N * OH; row++) {
+            const int64_t n = row / OH, oh = row % OH;
+            for (int64_t j = 0; j < OW * C; j++) acc[j] = 0;
+            for (int64_t ky = 0; ky < KH; ky++) {
+                const int64_t iy = oh * SH - PT + ky * DH;
+                if (iy < 0 || iy >= H) continue;
+                const int8_t *restrict xrow = x + (n * H + iy) * W * C;
+                for (int64_t kx = 0; kx < KW; kx++) {
+                    const int32_t *restrict wt = w + (ky * KW + kx) * TC;
+                    const int64_t lo = PL - kx * DW, hi = W - 1 + PL - kx * DW;  /* ow*SW in [lo, hi] */
+                    const int64_t ow0 = lo <= 0 ? 0 : (lo + SW - 1) / SW;
+                    int64_t ow1 = hi < 0 ? 0 : hi / SW + 1;
+                    ow1 = ow1 < OW ? ow1 : OW;
+                    if (SW == 1) {
+                        for (int64_t b = ow0; b < ow1; b += T) {
+                            const int64_t len = (ow1 - b < T ? ow1 - b : T) * C;
+                            const int8_t *restrict xs = xrow + (b - PL + kx * DW) * C;
+                            int32_t *restrict as = acc + b * C;
+                            for (int64_t j = 0; j < len; j++) as[j] += ((int32_t)xs[j] - zx) * wt[j];
+                        }
+                    } else {
+                        for (int64_t ow = ow0; ow < ow1; ow++) {
+                            const int8_t *restrict xs = xrow + (ow * SW - PL + kx * DW) * C;
+                            int32_t *restrict as = acc + ow * C;
+                            for (int64_t c = 0; c < C; c++) as[c] += ((int32_t)xs[c] - zx) * wt[c];
+                        }
+                    }
+                }
+            }
+            const int64_t o = row * OW * C;
+            for (int64_t b = 0; b < OW; b += T) {
+                const int64_t len = (OW - b < T ? OW - b : T) * C;
+                if (requant) {
+                    f |= rescale_row_i32_i8(acc + b * C, (int8_t *)y + o + b * C, len, off, zp, mu, sh, hf, rp,
+                                            rn, 1, op);
+                } else {
+                    int32_t *restrict yp = (int32_t *)y + o + b * C;
+                    const int32_t *restrict ap = acc + b * C;
+                    for (int64_t j = 0; j < len; j++) {
+                        const int64_t v = (int64_t)ap[j] + off[j];
+                        f |= int32_flag(v);
+                        yp[j] = (int32_t)v;
+                    }
+                }
+            }
+        }
+        free(acc);
+        flags |= f;
+    }
+    return flags;
+}
+
+/* im2col of an NHWC int8 tensor for a KHxKW convolution: cols[(n, oh, ow), (ky, kx, c)],
+ * taps outside the input hold the input zero point. g as in qlw_dwconv_i8. */
+void qlw_im2col_i8(const int8_t *restrict x, const int64_t *restrict g, int8_t *restrict cols) {
+    const int64_t N = g[0], H = g[1], W = g[2], C = g[3], KH = g[4], KW = g[5], SH = g[6], SW = g[7];
+    const int64_t DH = g[8], DW = g[9], PT = g[10], PL = g[11], OH = g[12], OW = g[13];
+    const int8_t zx = (int8_t)g[14];
+    const int64_t K = KH * KW * C;
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t row = 0; row < N * OH; row++) {
+        const int64_t n = row / OH, oh = row % OH;
+        for (int64_t ow = 0; ow < OW; ow++) {
+            int8_t *restrict dst = cols + (row * OW + ow) * K;
+            for (int64_t ky = 0; ky < KH; ky++) {
+                const int64_t iy = oh * SH - PT + ky * DH;
+                for (int64_t kx = 0; kx < KW; kx++) {
+                    const int64_t ix = ow * SW - PL + kx * DW;
+                    int8_t *restrict d = dst + (ky * KW + kx) * C;
+                    if (iy < 0 || iy >= H || ix < 0 || ix >= W) {
+                        for (int64_t c = 0; c < C; c++) d[c] = zx;
+                    } else {
+                        const int8_t *restrict s = x + ((n * H + iy) * W + ix) * C;
+                        for (int64_t c = 0; c < C; c++) d[c] = s[c];
+                    }
+                }
+            }
+        }
+    }
+}

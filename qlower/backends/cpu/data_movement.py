@@ -1,0 +1,54 @@
+"""Kernels that only move codes: constant, concat, reshape, transpose, pad, slice.
+
+Results may be views of their operand; that is safe because no kernel writes
+into a tensor it received.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from qlower.backends.cpu.context import BuildContext, Kernel, builder
+from qlower.backends.cpu.tensor_utils import constant_tensor
+from qlower.ir import Op
+
+
+@builder("constant")
+def _constant(op: Op, ctx: BuildContext) -> Kernel:
+    data = constant_tensor(op.attrs["data"])
+    return lambda: data
+
+
+@builder("concat")
+def _concat(op: Op, ctx: BuildContext) -> Kernel:
+    axis = op.attrs["axis"]
+    return lambda xs: torch.cat(xs, dim=axis)
+
+
+@builder("reshape")
+def _reshape(op: Op, ctx: BuildContext) -> Kernel:
+    shape = tuple(op.attrs["shape"])
+    return lambda x: x.reshape(shape)
+
+
+@builder("transpose")
+def _transpose(op: Op, ctx: BuildContext) -> Kernel:
+    perm = tuple(op.attrs["perm"])
+    return lambda x: x.permute(perm).contiguous()
+
+
+@builder("pad")
+def _pad(op: Op, ctx: BuildContext) -> Kernel:
+    pads, value = tuple(op.attrs["pads"]), op.attrs["value"]
+    rank = len(pads) // 2
+    torch_pads = [p for i in reversed(range(rank)) for p in (pads[2 * i], pads[2 * i + 1])]
+    return lambda x: F.pad(x, torch_pads, value=value)
+
+
+@builder("slice")
+def _slice(op: Op, ctx: BuildContext) -> Kernel:
+    a = op.attrs
+    step = a["step"] or (1,) * len(a["start"])
+    index = tuple(slice(s0, s1, st) for s0, s1, st in zip(a["start"], a["stop"], step))
+    return lambda x: x[index].contiguous()

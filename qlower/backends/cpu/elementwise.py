@@ -1,0 +1,100 @@
+"""Elementwise kernels: clamp, add, sub, mul, intdiv, float unary ops and softmax.
+
+Integer ops are computed in int64 and checked to fit int32, exactly as the
+reference interpreter (TOSA 1.0 semantics: MUL rounds half up before its shift,
+INTDIV truncates toward zero). Float ops use float32 for +, -, * (IEEE, hence
+identical to NumPy) and, like the reference, float64 NumPy for the
+transcendental ops and softmax, so that they are bit-identical to it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from qlower.backends.cpu.context import BuildContext, Kernel, builder
+from qlower.backends.cpu.tensor_utils import check_int32, execution_error
+from qlower.errors import UnsupportedOpError
+from qlower.ir import Op
+
+
+@builder("clamp")
+def _clamp(op: Op, ctx: BuildContext) -> Kernel:
+    lo, hi = op.attrs["min"], op.attrs["max"]
+    if op.result.type.dtype.is_integer and not (float(lo).is_integer() and float(hi).is_integer()):
+        raise UnsupportedOpError(f"clamp of integer codes to non-integer bounds ({lo}, {hi}) at %{op.result.name}")
+    if op.result.type.dtype.is_integer:
+        lo, hi = int(lo), int(hi)
+    return lambda x: torch.clamp(x, lo, hi)
+
+
+def _int_binary(op: Op, fn) -> Kernel:
+    def run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        r = fn(a.to(torch.int64), b.to(torch.int64))
+        check_int32(op, r)
+        return r.to(torch.int32)
+    return run
+
+
+@builder("add", "sub")
+def _additive(op: Op, ctx: BuildContext) -> Kernel:
+    fn = torch.add if op.kind == "add" else torch.sub
+    if op.result.type.quant is None:
+        return fn
+    return _int_binary(op, fn)
+
+
+@builder("mul")
+def _mul(op: Op, ctx: BuildContext) -> Kernel:
+    if op.result.type.quant is None:
+        return torch.mul
+    shift = op.attrs["shift"]
+
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        prod = a * b
+        if shift > 0:  # TOSA MUL: round half up, then arithmetic shift
+            prod = torch.bitwise_right_shift(prod + (1 << (shift - 1)), shift)
+        return prod
+    return _int_binary(op, fn)
+
+
+@builder("intdiv")
+def _intdiv(op: Op, ctx: BuildContext) -> Kernel:
+    def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if bool((b == 0).any()):
+            raise execution_error(op, "intdiv by zero")
+        return torch.div(a, b, rounding_mode="trunc")
+    return _int_binary(op, fn)
+
+
+def _numpy_float(fn) -> Kernel:
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(fn(x.numpy().astype(np.float64)).astype(np.float32)))
+    return run
+
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+_FLOAT_UNARY = {
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "tanh": np.tanh,
+    "exp": np.exp,
+    "erf": lambda x: _erf(x).astype(np.float64),
+    "reciprocal": lambda x: 1.0 / x,
+}
+
+
+@builder(*_FLOAT_UNARY)
+def _float_unary(op: Op, ctx: BuildContext) -> Kernel:
+    return _numpy_float(_FLOAT_UNARY[op.kind])
+
+
+@builder("softmax")
+def _softmax(op: Op, ctx: BuildContext) -> Kernel:
+    axis = op.attrs["axis"]
+
+    def fn(x: np.ndarray) -> np.ndarray:
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        return e / e.sum(axis=axis, keepdims=True)
+    return _numpy_float(fn)

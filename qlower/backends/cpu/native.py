@@ -1,0 +1,142 @@
+"""The fused C kernels (``_native.c``): built once per machine, loaded with ctypes.
+
+The library is compiled with the system C compiler (``-O3 -march=native
+-fopenmp``) into a cache directory keyed by the source, the compiler and the
+CPU's feature flags, so a binary is never reused on a CPU it wasn't built for.
+It links ``libgomp.so.1``, the OpenMP runtime torch has already loaded, so both
+share one thread pool (``torch.set_num_threads`` applies to both).
+
+Every native kernel has a pure-torch twin computing the same integers; tests
+check that they agree. ``QLOWER_CPU_NATIVE=0`` disables the library, and a
+failed build falls back to the torch kernels with a warning.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("_native.c")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c99")
+FLAG_INT32 = 1
+FLAG_SCALE = 2
+
+_RESCALE_TYPES = {torch.int8: "i8", torch.int16: "i16", torch.int32: "i32"}
+
+_lock = threading.Lock()
+_loaded: NativeKernels | None = None
+_tried = False
+
+
+def _cpu_fingerprint() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _cache_dir() -> Path:
+    base = os.environ.get("QLOWER_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "qlower")
+    return Path(base) / "cpu-native"
+
+
+def _build(compiler: str) -> Path:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS),
+                                    _cpu_fingerprint()]).encode()).hexdigest()[:24]
+    target = _cache_dir() / f"libqlower_cpu_{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise RuntimeError(proc.stderr.strip()[-2000:])
+        os.replace(tmp, target)  # atomic: concurrent builders never see a partial file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+class NativeKernels:
+    """Typed entry points of the C library; tensors must be contiguous and of the stated dtypes."""
+
+    def __init__(self, path: Path) -> None:
+        lib = ctypes.CDLL(str(path))  # CDLL releases the GIL during calls
+        p, i64 = ctypes.c_void_p, ctypes.c_int64
+        self._rescale = {}
+        for tin, a in _RESCALE_TYPES.items():
+            for tout, b in _RESCALE_TYPES.items():
+                fn = getattr(lib, f"qlw_rescale_{a}_{b}")
+                fn.argtypes, fn.restype = [p, i64, i64, p, p, p], i64
+                self._rescale[(tin, tout)] = fn
+        self._qadd = lib.qlw_qadd_i8
+        self._qadd.argtypes, self._qadd.restype = [p, p, i64, p, p], i64
+        self._dwconv = lib.qlw_dwconv_i8
+        self._dwconv.argtypes, self._dwconv.restype = [p, p, p, p, p, p, i64], i64
+        self._im2col = lib.qlw_im2col_i8
+        self._im2col.argtypes, self._im2col.restype = [p, p, p], None
+        self.path = path
+
+    def can_rescale(self, tin: torch.dtype, tout: torch.dtype) -> bool:
+        return (tin, tout) in self._rescale
+
+    def rescale(self, x: torch.Tensor, period: int, chan: torch.Tensor, scalars: torch.Tensor,
+                out: torch.Tensor) -> int:
+        """``out = rescale(x + offset)``, channel parameters repeating every ``period`` values
+        (a multiple of the channel count; see _native.c); returns flags."""
+        return self._rescale[(x.dtype, out.dtype)](_ptr(x), x.numel(), period, _ptr(chan), _ptr(scalars),
+                                                   _ptr(out))
+
+    def qadd(self, a: torch.Tensor, b: torch.Tensor, params: torch.Tensor, out: torch.Tensor) -> int:
+        return self._qadd(_ptr(a), _ptr(b), a.numel(), _ptr(params), _ptr(out))
+
+    def dwconv(self, x: torch.Tensor, geometry: torch.Tensor, w: torch.Tensor, chan: torch.Tensor,
+               scalars: torch.Tensor, out: torch.Tensor, requant: bool) -> int:
+        return self._dwconv(_ptr(x), _ptr(geometry), _ptr(w), _ptr(chan), _ptr(scalars), _ptr(out), int(requant))
+
+    def im2col(self, x: torch.Tensor, geometry: torch.Tensor, cols: torch.Tensor) -> None:
+        self._im2col(_ptr(x), _ptr(geometry), _ptr(cols))
+
+
+def load() -> NativeKernels | None:
+    """The native kernels, building them on first use; None when disabled or unavailable."""
+    global _loaded, _tried
+    if os.environ.get("QLOWER_CPU_NATIVE", "1") == "0":
+        return None
+    with _lock:
+        if not _tried:
+            _tried = True
+            compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+            if compiler is None:
+                warnings.warn("qlower cpu: no C compiler found; using the (slower) torch kernels", stacklevel=2)
+                return None
+            try:
+                _loaded = NativeKernels(_build(compiler))
+            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                warnings.warn(f"qlower cpu: building the native kernels failed ({e}); "
+                              "using the (slower) torch kernels", stacklevel=2)
+                _loaded = None
+        return _loaded
