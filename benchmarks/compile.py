@@ -38,8 +38,8 @@ def bench(name: str, size: int, targets: list[str], repeat: int) -> list[dict]:
         samples = []
         for _ in range(repeat):
             imported, t_import = _time(lambda: import_graph(captured.graph_module, name=name))
-            graph, t_passes = _time(lambda: default_pipeline().run(imported.graph))
-            prog, t_lower = _time(lambda: lower_graph(graph, target))
+            graph, t_passes = _time(lambda imported=imported: default_pipeline().run(imported.graph))
+            prog, t_lower = _time(lambda graph=graph, target=target: lower_graph(graph, target))
             samples.append((t_import, t_passes, t_lower))
         med = [statistics.median(s[i] for s in samples) for i in range(3)]
         counts: dict[str, int] = {}
