@@ -10,7 +10,8 @@ from qlower.frontend import capture_and_import
 from qlower.testing.cpu_checks import assert_cpu_matches_reference
 from qlower.testing.graph_checks import random_inputs
 
-FAST = ["tiny_cnn", "vit_block", "digits_cnn", "s1_conv_relu_cat", "s2_perchannel_binary", "s3_const_cat",
+FAST = ["tiny_cnn", "vit_block", "digits_cnn", "s0_dynamic_biasless", "s1_conv_relu_cat", "s2_perchannel_binary",
+        "s3_const_cat",
         "s4_attention"]
 SLOW = ["mobilenet_v2", "resnet18"]
 
