@@ -11,19 +11,16 @@ import subprocess
 import numpy as np
 import pytest
 
-pytest.importorskip("ethosu.regor")
-pytest.importorskip("tosa_reference_model")
-
-from qlower.api import lower_graph  # noqa: E402
-from qlower.backends.ethosu import EthosUBackend, c_header  # noqa: E402
-from qlower.backends.ethosu.backend import EXECUTION, boundary_type  # noqa: E402
-from qlower.backends.ethosu.support import BOUNDARY_TRANSPOSE_REASON  # noqa: E402
-from qlower.backends.ethosu.vela import IOTensor  # noqa: E402
-from qlower.errors import CompileError  # noqa: E402
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, Value, verify  # noqa: E402
-from qlower.partition import partition  # noqa: E402
-from qlower.reference import run_graph  # noqa: E402
-from qlower.runtime.runner import Runner  # noqa: E402
+from qlower.api import lower_graph
+from qlower.backends.ethosu import EthosUBackend, c_header
+from qlower.backends.ethosu.backend import EXECUTION, aliased_outputs, boundary_type, materialize_aliased_outputs
+from qlower.backends.ethosu.support import BOUNDARY_TRANSPOSE_REASON
+from qlower.backends.ethosu.vela import IOTensor
+from qlower.errors import CompileError
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, Value, verify
+from qlower.partition import partition
+from qlower.reference import run_graph
+from qlower.runtime.runner import Runner
 
 XQ = QuantSpec.per_tensor(0.05, 3)
 U85, U55 = "ethos-u85-256", "ethos-u55-128"
@@ -337,3 +334,24 @@ def test_a_partition_without_outputs_is_a_clear_error():
     b.op("rescale", x, out=QuantSpec.per_tensor(0.1, 0))
     with pytest.raises(CompileError, match="has no outputs"):
         EthosUBackend().lower(b.build([]), U85)
+
+
+def test_an_output_that_only_reshapes_an_input_gets_its_own_buffer():
+    """Vela compiles a reshape to nothing, so an output that merely reshapes the partition's input
+    (or another output) would vanish from the command stream; the backend copies it with an
+    identity RESCALE instead and the partition keeps all its outputs (fuzzer case 76e0489d9860adf6)."""
+    b = GraphBuilder("alias")
+    x = b.input("x", TensorType((4, 2), DType.INT8, XQ))
+    r = b.op("reshape", x, shape=(1, 4, 1, 2), name="r")
+    conv = conv_block(b, r, 4, 3, "c")
+    g = verify(b.build([r, conv, b.op("reshape", conv, shape=(1, 4, 4), name="conv_flat")]))
+    assert {v.name for v in aliased_outputs(g)} == {"r", "conv_flat"}
+    copied = materialize_aliased_outputs(g)
+    assert [v.name for v in copied.outputs] == ["r_copy", "c_rq", "conv_flat_copy"]
+    assert [v.type for v in copied.outputs] == [v.type for v in g.outputs]
+    for target in (U85, U55):
+        res = _partition_and_run(g, target)
+        assert len(res.partitions) == 1
+        payload = res.partitions[0].payload
+        assert [io["value"] for io in payload.meta["io"] if io["kind"] == "output"] == [
+            "r_copy", "c_rq", "conv_flat_copy"]

@@ -13,16 +13,13 @@ import functools
 import numpy as np
 import pytest
 
-pytest.importorskip("ethosu.regor")
-pytest.importorskip("tosa_reference_model")
-
-import qlower  # noqa: E402
-from qlower import zoo  # noqa: E402
-from qlower.api import lower_graph  # noqa: E402
-from qlower.backends.ethosu.backend import EXECUTION  # noqa: E402
-from qlower.backends.ethosu.support import BOUNDARY_TRANSPOSE_REASON  # noqa: E402
-from qlower.ir import DType  # noqa: E402
-from qlower.reference import run_graph  # noqa: E402
+import qlower
+from qlower import zoo
+from qlower.api import lower_graph
+from qlower.backends.ethosu.backend import EXECUTION
+from qlower.backends.ethosu.support import BOUNDARY_TRANSPOSE_REASON
+from qlower.ir import DType
+from qlower.reference import run_graph
 
 U85, U55 = "ethos-u85-256", "ethos-u55-128"
 

@@ -12,14 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-pytest.importorskip("ethosu.regor")
-pytest.importorskip("tosa_reference_model")
-
-from qlower.backends.ethosu import EthosUBackend  # noqa: E402
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, Value, verify  # noqa: E402
-from qlower.partition import partition  # noqa: E402
-from qlower.reference import run_graph  # noqa: E402
-from qlower.runtime.runner import Runner  # noqa: E402
+from qlower.backends.ethosu import EthosUBackend
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, Value, verify
+from qlower.partition import partition
+from qlower.reference import run_graph
+from qlower.runtime.runner import Runner
 
 
 def _spec(rng) -> QuantSpec:

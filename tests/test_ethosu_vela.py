@@ -12,12 +12,10 @@ import struct
 
 import numpy as np
 import pytest
+import tosa_serializer as ts
 
-ts = pytest.importorskip("tosa_serializer")
-pytest.importorskip("ethosu.regor")
-
-from qlower.backends.ethosu import vela  # noqa: E402
-from qlower.errors import CompileError  # noqa: E402
+from qlower.backends.ethosu import vela
+from qlower.errors import CompileError
 
 D = ts.DType
 ACCS = ["ethos-u85-256", "ethos-u55-128"]

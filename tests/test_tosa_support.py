@@ -57,7 +57,8 @@ DYN = TensorType((2, 3), DType.INT8, QuantSpec(DType.INT8, (1.0,), (0,), -127, 1
 
 # (id, builder, +INT reason, +INT+FP reason); a reason is a substring of the expected message.
 CASES = [
-    ("constant", lambda b: b.constant(np.ones((2,), np.float32)), YES, YES),
+    ("constant float", lambda b: b.constant(np.ones((2,), np.float32)), FLOAT_REASON, YES),
+    ("constant int8", lambda b: b.constant(np.ones((2,), np.int8), quant=QuantSpec.per_tensor(0.5, 0)), YES, YES),
     ("conv2d int8", conv, YES, YES),
     ("conv2d depthwise", lambda b: conv(b, i8((1, 6, 6, 4)), groups=4, w=np.ones((4, 3, 3, 1), np.int8)), YES, YES),
     ("conv2d float", lambda b: conv(b, f32((1, 6, 6, 2))), FLOAT_REASON, YES),
@@ -144,9 +145,8 @@ def test_verdict_and_lowering_agree(case, target):
     verdict = BACKEND.supports(op, target)
     if expected is YES:
         assert verdict.ok, verdict.reason
-        if op.kind != "constant":
-            payload = BACKEND.lower(graph, target)  # validates with tosa-opt
-            assert payload.output_types == tuple(v.type for v in graph.outputs)
+        payload = BACKEND.lower(graph, target)  # validates with tosa-opt
+        assert payload.output_types == tuple(v.type for v in graph.outputs)
     else:
         assert not verdict.ok and expected in verdict.reason
         with pytest.raises(UnsupportedOpError, match=f"%{op.results[0].name}.*") as e:

@@ -75,12 +75,14 @@ class GraphBuilder:
         return Graph(tuple(self._inputs), tuple(self._ops), tuple(outputs), self.name)
 
 
-def rebuild(graph: Graph, rewrite: Callable[[GraphBuilder, Op, tuple[Operand, ...]], tuple[Value, ...] | None]
-            ) -> Graph:
+def rebuild(graph: Graph, rewrite: Callable[[GraphBuilder, Op, tuple[Operand, ...]], tuple[Value, ...] | None],
+            finish: Callable[[GraphBuilder, Value, Value], Value] | None = None) -> Graph:
     """Copy ``graph`` through a new builder, letting ``rewrite`` replace ops.
 
     ``rewrite(builder, op, mapped_operands)`` returns replacement values for
     ``op.results`` (emitting whatever ops it needs), or None to copy ``op`` as is.
+    ``finish(builder, old_output, new_output)``, when given, returns the value that
+    becomes that graph output (emitting ops after all others).
     Values are never mutated: every op is re-emitted and re-typed.
     """
     b = GraphBuilder(graph.name)
@@ -103,4 +105,6 @@ def rebuild(graph: Graph, rewrite: Callable[[GraphBuilder, Op, tuple[Operand, ..
         if len(new) != len(op.results):
             raise IRError(f"rewrite of {op.kind} returned {len(new)} values for {len(op.results)} results")
         mapping.update(zip(op.results, new))
-    return b.build(mapping[v] for v in graph.outputs)
+    if finish is None:
+        return b.build(mapping[v] for v in graph.outputs)
+    return b.build([finish(b, v, mapping[v]) for v in graph.outputs])

@@ -23,7 +23,7 @@ from qlower.backends.base import Backend, Payload, Verdict
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
 from qlower.backends.ethosu.vela import ACCELERATORS, IOTensor, VelaConfig, compile_tosa, vela_config
 from qlower.errors import CompileError, ExecutionError
-from qlower.ir import DType, Graph, Op, TensorType, Value
+from qlower.ir import DType, Graph, GraphBuilder, Op, TensorType, Value, rebuild
 
 TOSA_PROFILE = "tosa-1.0+int"
 TRACE_BLOB = "trace.tosa"
@@ -56,6 +56,43 @@ def boundary_type(io: IOTensor, value: Value, direction: str) -> TensorType:
     if io.size < value.type.numel * size:
         raise CompileError(f"{where}: Vela's buffer holds {io.size} bytes, the value needs {value.type.nbytes}")
     return TensorType(io.shape, dtype, value.quant)
+
+
+def aliased_outputs(graph: Graph) -> set[Value]:
+    """Outputs that are only a reshape (or chain of reshapes) of an input or of an earlier output.
+
+    Vela compiles a reshape to no data movement, so such an output shares its buffer
+    with the tensor it reshapes and disappears from the command stream's outputs."""
+    producer = graph.producers()
+
+    def root(v: Value) -> Value:
+        while v in producer and producer[v].kind == "reshape":
+            v = producer[v].operands[0]
+        return v
+
+    claimed = set(graph.inputs)
+    aliased = set()
+    for v in graph.outputs:
+        r = root(v)
+        if r in claimed and v.type.quant is not None and not v.type.quant.is_per_channel:
+            aliased.add(v)  # (only quantized tensors can be copied by RESCALE)
+        claimed.add(r)
+    return aliased
+
+
+def materialize_aliased_outputs(graph: Graph) -> Graph:
+    """Give every aliased output (see ``aliased_outputs``) its own buffer: an exact identity
+    RESCALE (same scale and zero point, multiplier 2^30 >> 30), which the NPU runs as a copy."""
+    aliased = aliased_outputs(graph)
+    if not aliased:
+        return graph
+
+    def copy(b: GraphBuilder, old: Value, new: Value) -> Value:
+        if old not in aliased:
+            return new
+        return b.op("rescale", new, out=new.type.quant, name=f"{old.name}_copy")
+
+    return rebuild(graph, lambda b, op, operands: None, finish=copy)
 
 
 def _lower_unvalidated(graph: Graph) -> tuple[bytes, list[str]]:
@@ -112,6 +149,7 @@ class EthosUBackend(Backend):
             raise CompileError(f"partition '{subgraph.name}' has no outputs: Vela has nothing to compile "
                                "(dead code; run dead-code elimination before partitioning)")
         trace = trace or self.trace
+        subgraph = materialize_aliased_outputs(subgraph)
         tosa = self.tosa.lower(subgraph, TOSA_PROFILE, trace=trace)
         graph_tosa = tosa.blobs["graph.tosa"]
         result = compile_tosa(graph_tosa, config, per_layer=self.per_layer, optimise=self.optimise)

@@ -217,7 +217,8 @@ def unsupported(op: Op, profile: Profile) -> UnsupportedOpError | None:
 
 def lower_graph(graph: Graph, profile: Profile) -> Lowered:
     """Emit ``graph`` as one TOSA 1.0 graph (inputs and outputs in the graph's order)."""
-    for op in graph.ops:
+    # constants last: a float weight is better reported through the op that reads it
+    for op in sorted(graph.ops, key=lambda op: op.kind == "constant"):
         err = unsupported(op, profile)
         if err is not None:
             raise err

@@ -88,8 +88,6 @@ def _types(op: Op) -> list[TensorType]:
 
 def check(op: Op, profile: Profile) -> str | None:
     """None when ``op`` lowers to valid TOSA under ``profile``, else the reason it can't."""
-    if op.kind == "constant":
-        return None  # emitted with (and in the layout of) whichever op reads it
     if op.kind == "dynamic_quantize":
         return DYNAMIC_REASON
     if op.kind == "delegate":
@@ -104,6 +102,8 @@ def check(op: Op, profile: Profile) -> str | None:
             return f"rank-{t.rank} tensor: TOSA 1.0 (level 8K) allows at most rank {MAX_RANK}"
     if not profile.float_ops and any(t.dtype is DType.FLOAT32 for t in _types(op)):
         return FLOAT_REASON
+    if op.kind == "constant":
+        return None  # emitted with (and in the layout of) whichever op reads it
     fn = CHECKS.get(op.kind)
     if fn is None:
         return f"the TOSA backend has no lowering for '{op.kind}'"
