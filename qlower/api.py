@@ -15,13 +15,14 @@ DEFAULT_QUANT = QuantConfig()
 
 
 def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dict | None = None,
-                trace: bool = False) -> Program:
-    """Partition an optimised IR graph for ``target`` and lower its partitions."""
+                trace: bool = False, backend_options: dict[str, Any] | None = None) -> Program:
+    """Partition an optimised IR graph for ``target`` and lower its partitions
+    (``backend_options``: arguments of the target's backend, see ``compile``)."""
     if target not in targets():
         raise ValueError(f"unknown target {target!r}; known targets: {', '.join(targets())}")
     meta = dict(meta or {})
     meta["threads"] = threads
-    backend = backend_for(target)
+    backend = backend_for(target, backend_options)
     if backend is None:
         return Program(target, graph, graph, meta=meta)
     from qlower.partition import partition
@@ -35,16 +36,19 @@ def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dic
 def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference",
             quant: QuantConfig | None = DEFAULT_QUANT, calibration: Sequence[Sequence[Any]] | None = None,
             *, progress: bool = True, verify_passes: bool = False, threads: int | None = None,
-            trace: bool = False) -> Program:
+            trace: bool = False, backend_options: dict[str, Any] | None = None) -> Program:
     """Quantize ``model`` (``quant=None`` keeps it in float), import it, optimise and lower it for ``target``.
 
     ``calibration`` is a list of input tuples (default: the example inputs);
     a progress bar runs over it unless ``progress=False``. ``trace`` keeps what
-    per-layer verification needs to look inside partitions.
+    per-layer verification needs to look inside partitions. ``backend_options``
+    go to the target's backend, e.g. ``{"system_config": "Ethos_U85_SYS_DRAM_High",
+    "memory_mode": "Dedicated_Sram_384KB"}`` for Ethos-U targets.
     """
     from qlower.frontend import capture_and_import
     from qlower.passes import default_pipeline
 
+    backend_for(target, backend_options)  # an unknown target or option fails before calibration, not after
     example_inputs = tuple(example_inputs)
     t0 = time.perf_counter()
     front = capture_and_import(model, example_inputs, quant,
@@ -52,7 +56,7 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
     t1 = time.perf_counter()
     graph = default_pipeline(verify=verify_passes).run(front.graph)
     t2 = time.perf_counter()
-    prog = lower_graph(graph, target, threads, trace=trace,
+    prog = lower_graph(graph, target, threads, trace=trace, backend_options=backend_options,
                        meta={"quant": None if quant is None else quant.mode,
                              "frontend_seconds": round(t1 - t0, 4), "passes_seconds": round(t2 - t1, 4)})
     prog.frontend = front
@@ -61,7 +65,8 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
 
 def verify(model: Any, example_inputs: Sequence[Any], target: str = "reference",
            quant: QuantConfig | None = DEFAULT_QUANT, calibration: Sequence[Sequence[Any]] | None = None,
-           inputs: Sequence[Sequence[Any]] | None = None, *, progress: bool = True):
+           inputs: Sequence[Sequence[Any]] | None = None, *, progress: bool = True,
+           backend_options: dict[str, Any] | None = None):
     """Compile for ``target`` and compare every stage per layer on ``inputs`` (default: the example inputs).
 
     Returns a ``VerificationReport``; ``report.ok`` is False when the target is not
@@ -69,5 +74,6 @@ def verify(model: Any, example_inputs: Sequence[Any], target: str = "reference",
     """
     from qlower.verify import verify_program
 
-    prog = compile(model, example_inputs, target, quant, calibration, progress=progress, trace=True)
+    prog = compile(model, example_inputs, target, quant, calibration, progress=progress, trace=True,
+                   backend_options=backend_options)
     return verify_program(prog, list(inputs) if inputs is not None else [tuple(example_inputs)])

@@ -48,23 +48,36 @@ def cmd_targets(args) -> int:
     return 0
 
 
+def _options(pairs: list[str]) -> dict[str, object]:
+    """KEY=VALUE strings as backend options; true/false become booleans."""
+    options: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"qlower: --option takes KEY=VALUE, got {pair!r}")
+        options[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return options
+
+
 def cmd_verify(args) -> int:
     model, example, quant, calib = _load_model(args.model, args.size)
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
-                          verify_passes=args.verify_passes, trace=True)
+                          verify_passes=args.verify_passes, trace=True, backend_options=_options(args.option))
     from qlower.verify import verify_program
 
     report = verify_program(prog, [example])
     print(report.table())
     if args.json:
         Path(args.json).write_text(report.to_json())
+    if args.html:
+        print(f"HTML report: {report.write_html(args.html)}")
     return 0 if report.ok else 1
 
 
 def cmd_compile(args) -> int:
     model, example, quant, calib = _load_model(args.model, args.size)
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
-                          verify_passes=args.verify_passes)
+                          verify_passes=args.verify_passes, backend_options=_options(args.option))
     print(prog.explain())
     if args.output:
         prog.save(args.output)
@@ -143,8 +156,11 @@ def main(argv: list[str] | None = None) -> int:
         c.add_argument("--target", default="reference")
         c.add_argument("--size", type=int, default=None, help="input size for image models")
         c.add_argument("--verify-passes", action="store_true", help="run the IR verifier after every pass")
+        c.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                       help="a backend option, e.g. system_config=Ethos_U85_SYS_DRAM_High (repeat for several)")
         if name == "verify":
             c.add_argument("--json", help="also write the report as JSON")
+            c.add_argument("--html", help="also write the HTML report (per-layer error plot, partitioning)")
         else:
             c.add_argument("-o", "--output", help="write the program file here")
             c.add_argument("--artifacts", help="also export the backends' files (e.g. .tosa) to this directory")
@@ -162,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except QlowerError as e:
         print(f"qlower: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as e:  # a bad argument (unknown target or option, missing or unreadable file)
+        print(f"qlower: {e}", file=sys.stderr)
         return 2
 
 

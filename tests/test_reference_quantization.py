@@ -158,3 +158,19 @@ def test_cast():
 def test_quantize_to_int32_saturates_at_the_int32_bounds():
     x = np.array([1e10, -1e10, 7.0], np.float32)
     assert _quantize(x, QuantSpec.per_tensor(1.0, 0, I32)).tolist() == [2**31 - 1, -(2**31), 7]
+
+
+def test_a_table_reads_the_nearest_entry_for_codes_outside_the_declared_range():
+    """A table over the narrow range [-127, 127] fed -128 would index entry -1 (the last one) if
+    it wrapped; the IR says it reads the nearest entry, as the TOSA lowering's 256-entry table does."""
+    narrow = QuantSpec.per_tensor(0.1, 0, DType.INT8, qmin=-127, qmax=127)
+    b = GraphBuilder("lookup")
+    x = b.input("x", TensorType((5,), DType.INT8, narrow))
+    table = np.arange(-127, 128, dtype=np.int8)[::-1].copy()  # negation over [-127, 127]
+    g = b.build([b.op("table", x, table=table, offset=127, out=narrow)])
+    got = run_graph(g, [np.array([-128, -127, 0, 5, 127], np.int8)])[0]
+    np.testing.assert_array_equal(got, [127, 127, 0, -5, -127])
+    from qlower.api import lower_graph
+
+    for target in ("cpu", "tosa-1.0+int"):  # both backends agree with the reference out of range too
+        np.testing.assert_array_equal(lower_graph(g, target).run(np.array([-128, -127, 0, 5, 127], np.int8))[0], got)

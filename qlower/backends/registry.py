@@ -7,6 +7,9 @@ or Vela libraries.
 from __future__ import annotations
 
 import importlib
+import inspect
+from collections.abc import Mapping
+from typing import Any
 
 from qlower.backends.base import Backend
 
@@ -39,12 +42,25 @@ def register_target(target: str, module: str, cls: str) -> None:
     _NPU_TARGETS[target] = (module, cls)
 
 
-def backend_for(target: str) -> Backend | None:
-    """The partitioning backend for ``target``, or None for host-only targets."""
+def backend_for(target: str, options: Mapping[str, Any] | None = None) -> Backend | None:
+    """The partitioning backend for ``target``, or None for host-only targets.
+
+    ``options`` are the backend's constructor arguments (e.g. Ethos-U's
+    ``system_config``); an unknown one is a ValueError that lists the known ones."""
+    options = dict(options or {})
     if target in HOST_TARGETS:
+        if options:
+            raise ValueError(f"target {target!r} takes no backend options, got {', '.join(sorted(options))}")
         return None
     try:
         module, cls = _NPU_TARGETS[target]
     except KeyError:
         raise ValueError(f"unknown target {target!r}; known targets: {', '.join(targets())}") from None
-    return getattr(importlib.import_module(module), cls)()
+    backend_cls = getattr(importlib.import_module(module), cls)
+    known = [n for n, p in inspect.signature(backend_cls).parameters.items()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(options) - set(known))
+    if unknown:
+        raise ValueError(f"target {target!r} has no backend option {', '.join(map(repr, unknown))}; "
+                         f"its options: {', '.join(known) or 'none'}")
+    return backend_cls(**options)

@@ -430,7 +430,8 @@ def _reduce_max(ops, attrs):
 
 @register("table", ("input",), table=REQUIRED, offset=REQUIRED, out=REQUIRED)
 def _table(ops, attrs):
-    """Lookup ``table[input + offset]``; the table covers the input's whole code range."""
+    """Lookup ``table[input + offset]``; the table covers the input's whole declared code range,
+    and a code outside it (a graph input may hold one) reads the nearest entry."""
     (x,) = ops
     q = _require_quantized("table", x)
     table, offset, out = attrs["table"], attrs["offset"], attrs["out"]

@@ -69,4 +69,6 @@ def _cast(op: Op, x):
 
 @kernel("table")
 def _table(op: Op, x):
-    return op.attrs["table"][x.astype(np.int64) + op.attrs["offset"]]
+    table = op.attrs["table"]
+    # a code outside the input's declared range reads the nearest entry (never wraps around)
+    return table[np.clip(x.astype(np.int64) + op.attrs["offset"], 0, table.size - 1)]

@@ -84,7 +84,8 @@ def partition_picture(report: VerificationReport) -> bytes:
     ax.set_xlim(0, per_row)
     ax.set_ylim(-n_rows + 0.9, 1)
     ax.axis("off")
-    ax.legend(handles=[mpatches.Patch(color=color[n], label=n) for n in ["host", *names]],
+    ax.legend(handles=[mpatches.Patch(color=color[n], label="host (CPU)" if n == "host" else n)
+                       for n in ["host", *names]],
               loc="upper center", bbox_to_anchor=(0.5, 0), ncol=min(6, len(names) + 1), fontsize=8)
     ax.set_title(f"where each op runs — target {report.target}")
     return _png(fig)
@@ -113,6 +114,10 @@ def render_html(report: VerificationReport) -> str:
         f"<tr><td>{html.escape(p['name'])}</td><td>{html.escape(p['backend'])} ({html.escape(p['target'])})</td>"
         f"<td>{p['ops']}</td><td>{html.escape(', '.join(p['inputs']))}</td>"
         f"<td>{html.escape(', '.join(p['outputs']))}</td></tr>" for p in report.partitions)
+    partitions = (
+        f"<table id='partitions'><tr><th>partition</th><th>backend</th><th>ops</th><th>reads</th><th>writes</th></tr>"
+        f"{part_rows}</table>" if report.partitions else
+        "<p id='partitions'>No delegated partitions: every op runs in the host's CPU plan.</p>")
     problems = "".join(f"<li>{html.escape(p)}</li>" for p in report.problems)
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>qlower verify — {html.escape(report.target)}</title>
@@ -125,7 +130,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} tr.inside td:first-child 
 <p id="verdict" class="{verdict.lower()}">verdict: <b>{verdict}</b></p><ul id="problems">{problems}</ul>
 <h2>Per-layer error</h2>{_img(error_plot(report), "per-layer error plot")}
 <h2>Partitioning</h2>{_img(partition_picture(report), "partitioning")}
-<table id="partitions"><tr><th>partition</th><th>backend</th><th>ops</th><th>reads</th><th>writes</th></tr>{part_rows}</table>
+{partitions}
 <h2>Layers</h2>
 <table id="layers"><tr><th>layer</th><th>source</th><th>type</th><th>isolated steps</th>
 <th>end-to-end steps</th><th>exact %</th>

@@ -278,4 +278,5 @@ def _cast(op: Op, ctx: BuildContext) -> Kernel:
 def _table(op: Op, ctx: BuildContext) -> Kernel:
     table = torch.from_numpy(np.asarray(op.attrs["table"]).astype(op.result.type.dtype.numpy))
     offset = int(op.attrs["offset"])
-    return lambda x: table[x.to(torch.int64) + offset]
+    last = table.numel() - 1
+    return lambda x: table[(x.to(torch.int64) + offset).clamp_(0, last)]  # nearest entry, as the reference
