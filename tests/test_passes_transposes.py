@@ -169,6 +169,22 @@ def test_reshape_after_a_real_transpose_keeps_it():
     assert not run(before).changed
 
 
+def test_reshape_chains_collapse_and_identity_reshapes_go():
+    """The fuzzer's shape: reshape -> reshape -> reshape back to the input shape -> transpose."""
+    b = GraphBuilder()
+    x = b.input("x", TensorType((4, 2), DType.INT8, Q))
+    r1 = b.op("reshape", x, shape=(1, 4, 1, 2), name="r1")
+    r2 = b.op("reshape", b.op("reshape", r1, shape=(8,), name="r_flat"), shape=(4, 2), name="r2")
+    same = b.op("reshape", r2, shape=(4, 2), name="same")
+    before = b.build([r1, b.op("transpose", same, perm=(1, 0), name="t")])
+    assert_graph_text(run(before).graph, """
+        graph main(%x: int8[4x2] {s=0.05 zp=-3}) {
+          %r1 = reshape(%x) {shape=(1, 4, 1, 2)}
+          %t = transpose(%x) {perm=(1, 0)}
+          return %r1, %t
+        }""")
+
+
 @pytest.mark.parametrize("extra_use", ["middle", "first"])
 def test_no_sinking_when_a_moved_value_has_another_user(extra_use):
     b = GraphBuilder()

@@ -13,7 +13,10 @@ ones that cancel:
   unary ops, and add/sub/mul/intdiv whose other operand is a constant (that
   constant is permuted at compile time);
 * ``reshape(transpose(x, p))`` reads ``x`` directly when ``p`` only moves
-  size-1 dims (the row-major element order is then unchanged).
+  size-1 dims (the row-major element order is then unchanged);
+* ``reshape(reshape(x))`` reads ``x`` directly, and a reshape to its input's
+  own shape is removed (Vela, for one, compiles a lone reshape to nothing and
+  then reports no output for it).
 
 Guarantees: no rewrite adds a transpose, and every one removes a use of one; a
 transpose is only moved when it then meets and composes with another (a lone
@@ -156,13 +159,17 @@ def _sweep(graph: Graph) -> tuple[Graph, bool]:
     a = _Analysis(graph)
     chains, bypass = a.plan(graph)
     identities = [op for op in graph.ops if op.kind == "transpose" and is_identity(op.attrs["perm"])]
-    if not chains and not bypass and not identities:
+    reshapes = {op for op in graph.ops if op.kind == "reshape" and (
+        op.operands[0].shape == op.result.shape
+        or (op.operands[0] in a.producers and a.producers[op.operands[0]].kind == "reshape"))}
+    if not chains and not bypass and not identities and not reshapes:
         return graph, False
     chain_of_first = {c.first: c for c in chains if c.links}
     chain_of_last = {c.last: c for c in chains}
     link_index = {op: a.chain_operand(op) for c in chains for op in c.links}
     perm_of_link = {op: c.perm for c in chains for op in c.links}
     source: dict[Op, Value] = {}  # transpose -> its operand in the new graph
+    reshaped: dict[Op, Value] = {}  # reshape -> the value (new graph) with its elements in the same order
 
     def rewrite(b: GraphBuilder, op: Op, operands: tuple[Operand, ...]) -> tuple[Value, ...] | None:
         if op.kind == "transpose":
@@ -188,7 +195,14 @@ def _sweep(graph: Graph) -> tuple[Graph, bool]:
                 new_operands[1 - index] = _permuted_constant(b, const, inverse(perm))
             return b.emit(op, tuple(new_operands), **_remap_out_axis(op, perm))
         if op in bypass:
-            return b.emit(op, (source[bypass[op]],))
+            reshaped[op] = source[bypass[op]]
+            return b.emit(op, (reshaped[op],))
+        if op.kind == "reshape":
+            inner = a.producers.get(op.operands[0])
+            reshaped[op] = reshaped[inner] if inner is not None and inner.kind == "reshape" else operands[0]
+            if op in reshapes:  # (reshape takes only per-tensor quantization: the type carries over)
+                x = reshaped[op]
+                return (x,) if x.shape == op.result.shape else b.emit(op, (x,))
         return None
 
     return rebuild(graph, rewrite), True
