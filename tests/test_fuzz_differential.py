@@ -39,7 +39,8 @@ pytestmark = pytest.mark.fuzz
 REGRESSIONS = Path(__file__).parent / "regressions"
 SAVE_DIR = Path(os.environ.get("QLOWER_FUZZ_SAVE_DIR", REGRESSIONS))
 KNOWN = load_known_issues(REGRESSIONS / "known_issues.json")
-DEFAULT_EXAMPLES = {"tosa-1.0+int": 25, "tosa-1.0+int+fp": 25, "cpu": 100, "ethos-u85-256": 20}
+# CI's budget per target (each VGF example converts and runs on lavapipe: ~1.4 s)
+DEFAULT_EXAMPLES = {"tosa-1.0+int": 25, "tosa-1.0+int+fp": 25, "cpu": 100, "ethos-u85-256": 20, "vgf+int": 10, "vgf": 10}
 EXAMPLES = int(os.environ.get("QLOWER_FUZZ_EXAMPLES", "0"))
 
 
@@ -77,8 +78,8 @@ def test_generated_graphs_keep_the_generator_promises(case: FuzzCase):
 
 
 def test_every_target_of_the_fuzzer_is_available():
-    """TOSA, CPU and Ethos-U are installed here: a missing one must not silently shrink the fuzzing."""
-    assert available_targets() == ["tosa-1.0+int", "tosa-1.0+int+fp", "cpu", "ethos-u85-256"]
+    """TOSA, CPU, Ethos-U and VGF are installed here: a missing one must not silently shrink the fuzzing."""
+    assert available_targets() == ["tosa-1.0+int", "tosa-1.0+int+fp", "cpu", "ethos-u85-256", "vgf+int", "vgf"]
 
 
 def _flip_rescale_rounding(lower):

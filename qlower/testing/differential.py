@@ -7,7 +7,9 @@ target runs it and compares every output with ``qlower.reference.run_graph``:
 - ``tosa-1.0+int``, ``tosa-1.0+int+fp``, ``ethos-u*``: ``qlower.partition.partition``
   then ``qlower.runtime.runner.Runner`` (host ops on the reference kernels, partitions
   on the backend; Ethos-U partitions are compiled by Vela and simulated on the TOSA
-  reference model).
+  reference model);
+- ``vgf+int``, ``vgf``: the same, with partitions converted to VGF and run for real by the
+  ML SDK scenario runner on Vulkan (never the simulated fallback).
 
 Tolerances (``output_tolerances``), per output, from the ops it depends on; an
 element passes when ``|got - want| <= rtol * max(|want|, floor * max|want|) + atol``:
@@ -45,7 +47,7 @@ import numpy as np
 from qlower.ir import Graph
 from qlower.reference import run_graph
 
-TARGETS = ("tosa-1.0+int", "tosa-1.0+int+fp", "cpu", "ethos-u85-256")
+TARGETS = ("tosa-1.0+int", "tosa-1.0+int+fp", "cpu", "ethos-u85-256", "vgf+int", "vgf")
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,8 @@ def available_targets() -> list[str]:
             out.append(t)
         elif t.startswith("ethos-u") and have("qlower.backends.ethosu", "ethosu.regor", "tosa_reference_model"):
             out.append(t)
+        elif t.startswith("vgf") and have("qlower.backends.vgf", "vgfpy", "tosa_serializer"):
+            out.append(t)
     return out
 
 
@@ -103,7 +107,8 @@ def run_target(graph: Graph, inputs: Sequence[np.ndarray], target: str) -> list[
     from qlower.partition import partition
     from qlower.runtime.runner import Runner
 
-    backend = backend_for(target)
+    # VGF runs on Vulkan (never simulated here): a machine that can't is a failure, not a pass
+    backend = backend_for(target, {"execution": "vulkan"} if target.startswith("vgf") else None)
     result = partition(graph, backend, target)
     return Runner(result.host, result.partitions, {backend.name: backend}).run(inputs)
 
