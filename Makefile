@@ -27,7 +27,8 @@ demo: $(STAMP)
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
-fuzz: $(STAMP)
+# the differential fuzzer with 2000 examples per target instead of CI's budget
+fuzz: $(TEST_STAMP)
 	QLOWER_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q -m fuzz
 
 lint: $(STAMP)
@@ -35,6 +36,8 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/reference_speed.py
+	$(BIN)/python benchmarks/compile.py
+	$(BIN)/python benchmarks/latency.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

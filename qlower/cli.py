@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="qlower", description=qlower.__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="compile the digits CNN, compare fp32 and int8 accuracy, verify")
-    d.add_argument("--target", default="reference")
+    d.add_argument("--target", default="cpu")
     d.set_defaults(fn=cmd_demo)
     sub.add_parser("zoo", help="list the built-in models").set_defaults(fn=cmd_zoo)
     sub.add_parser("targets", help="list the targets").set_defaults(fn=cmd_targets)

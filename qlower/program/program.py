@@ -91,6 +91,8 @@ class Program:
                          + ", ".join(f"{k}×{n}" for k, n in sorted(kinds.items())))
             lines.append(f"      reads  {ins}")
             lines.append(f"      writes {outs}")
+            if p.payload.meta.get("summary"):  # the backend's one line about its payload
+                lines.append(f"      {p.payload.meta['summary']}")
         if self.decisions:
             lines.append("host ops (not delegated):")
             for d in self.decisions:

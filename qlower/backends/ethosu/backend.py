@@ -173,6 +173,10 @@ class EthosUBackend(Backend):
             "perf": result.perf, "execution": EXECUTION, "vela_seconds": round(result.seconds, 4),
             "tosa": tosa.meta,
         }
+        meta["summary"] = (f"Vela ({config.system_config} / {config.memory_mode}): "
+                           f"{result.perf['npu_cycles']:,} NPU cycles, "
+                           f"{1e3 * result.perf['inference_seconds']:.2f} ms at {config.core_clock / 1e6:g} MHz "
+                           f"(estimates); runs here {EXECUTION}")
         if result.per_layer is not None:
             meta["per_layer"] = result.per_layer
         blobs = {"graph.tosa": graph_tosa, "command_stream.bin": result.command_stream,

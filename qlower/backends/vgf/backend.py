@@ -191,6 +191,7 @@ class VgfBackend(Backend):
         meta: dict[str, Any] = {
             "profile": tosa.meta.get("profile"),
             "execution": self.execution_for_new_payloads(),
+            "summary": f"VGF {'.'.join(map(str, model.version))}; execution: {self.execution_for_new_payloads()}",
             "vgf_version": ".".join(map(str, model.version)),
             "model_converter": converted.version,
             "convert_seconds": round(converted.seconds, 4),
