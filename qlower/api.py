@@ -15,9 +15,11 @@ DEFAULT_QUANT = QuantConfig()
 
 
 def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dict | None = None,
-                trace: bool = False, backend_options: dict[str, Any] | None = None) -> Program:
+                trace: bool = False, backend_options: dict[str, Any] | None = None,
+                progress: bool = False) -> Program:
     """Partition an optimised IR graph for ``target`` and lower its partitions
-    (``backend_options``: arguments of the target's backend, see ``compile``)."""
+    (``backend_options``: arguments of the target's backend, see ``compile``;
+    ``progress``: a progress bar)."""
     if target not in targets():
         raise ValueError(f"unknown target {target!r}; known targets: {', '.join(targets())}")
     meta = dict(meta or {})
@@ -28,7 +30,7 @@ def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dic
     from qlower.partition import partition
 
     t0 = time.perf_counter()
-    result = partition(graph, backend, target, trace=trace)
+    result = partition(graph, backend, target, trace=trace, progress=progress)
     meta["lower_seconds"] = round(time.perf_counter() - t0, 4)
     return Program(target, result.host, graph, result.partitions, result.decisions, meta)
 
@@ -56,7 +58,7 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
     t1 = time.perf_counter()
     graph = default_pipeline(verify=verify_passes).run(front.graph)
     t2 = time.perf_counter()
-    prog = lower_graph(graph, target, threads, trace=trace, backend_options=backend_options,
+    prog = lower_graph(graph, target, threads, trace=trace, backend_options=backend_options, progress=progress,
                        meta={"quant": None if quant is None else quant.mode,
                              "frontend_seconds": round(t1 - t0, 4), "passes_seconds": round(t2 - t1, 4)})
     prog.frontend = front

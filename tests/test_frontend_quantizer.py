@@ -145,5 +145,8 @@ def test_progress_bar_over_calibration(capsys):
     assert capsys.readouterr().err == ""
     torch.manual_seed(0)
     capture_and_import(CatNet().eval(), data[0], QuantConfig(), data, progress=True)
-    err = capsys.readouterr().err
-    assert "calibrating" in err and "/3 " in err  # a bar over the 3 batches
+    steps = capsys.readouterr().err.split("\r")
+    # one bar over export, prepare, the 3 batches and convert, each phase named while it runs
+    for phase, done in (("export", 0), ("prepare", 1), ("calibrate", 2), ("convert", 5)):
+        assert any(f"quantizing: {phase}" in s and f" {done}/6 " in s for s in steps), phase
+    assert "quantized: 100%" in steps[-1] and " 6/6 " in steps[-1]

@@ -159,3 +159,14 @@ def test_a_model_folded_to_a_constant_is_emitted_by_the_backend():
     np.testing.assert_array_equal(got, run_graph(g, [])[0])
     # a backend that doesn't take the constant leaves the model on the host
     assert not partition(g, BoxBackend(set()), "box").partitions
+
+
+def test_progress_bar_counts_every_op_then_every_partition(capsys):
+    g = _chain_graph()
+    partition(g, BoxBackend({"rescale", "concat"}), "box")
+    assert capsys.readouterr().err == ""  # quiet unless asked
+    partition(g, BoxBackend({"rescale", "concat"}), "box", progress=True)
+    steps = capsys.readouterr().err.split("\r")
+    total = len(g.ops) + 2  # a verdict per op, then the two partitions
+    assert any("box: lowering p1" in s for s in steps)
+    assert "box: lowered: 100%" in steps[-1] and f" {total}/{total} " in steps[-1]

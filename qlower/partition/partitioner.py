@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from tqdm.auto import tqdm
+
 from qlower.backends.base import Backend, Payload, Verdict
 from qlower.errors import CompileError
 from qlower.ir import Graph, GraphBuilder, Op, TensorType, Value
@@ -147,17 +149,29 @@ def _assign_output_constants(graph: Graph, backend: Backend, target: str, part_o
             part_of[op], n = n, n + 1
 
 
-def partition(graph: Graph, backend: Backend, target: str, prefix: str = "p", trace: bool = False) -> PartitionResult:
+def partition(graph: Graph, backend: Backend, target: str, prefix: str = "p", trace: bool = False,
+              progress: bool = False) -> PartitionResult:
+    """Place every op (``progress``: a bar over the verdicts, then over the partitions' lowering,
+    which is where Vela and the model converter spend their time)."""
+    with tqdm(total=len(graph.ops), desc=f"{target}: placing ops", unit="step", disable=not progress) as bar:
+        return _partition(graph, backend, target, prefix, trace, bar)
+
+
+def _partition(graph: Graph, backend: Backend, target: str, prefix: str, trace: bool, bar: tqdm) -> PartitionResult:
     prepare = getattr(backend, "prepare", None)  # optional: a backend whose verdicts need the whole graph
     if prepare is not None:
         prepare(graph)
-    verdicts = {op: (Verdict.yes() if op.kind == "constant" else backend.supports(op, target)) for op in graph.ops}
+    verdicts = {}
+    for op in graph.ops:
+        verdicts[op] = Verdict.yes() if op.kind == "constant" else backend.supports(op, target)
+        bar.update()
     part_of = _assign(graph, verdicts)
     _assign_output_constants(graph, backend, target, part_of)
     groups: dict[int, list[Op]] = defaultdict(list)
     for op in graph.ops:
         if op in part_of:
             groups[part_of[op]].append(op)
+    bar.total += len(groups)
 
     users = graph.users()
     outputs = set(graph.outputs)
@@ -172,6 +186,7 @@ def partition(graph: Graph, backend: Backend, target: str, prefix: str = "p", tr
     for idx, (pid, ops) in enumerate(sorted(groups.items())):
         name = f"{prefix}{idx}"
         sub, bin_, bout = _subgraph(graph, ops, name, used_outside(ops))
+        bar.set_description(f"{target}: lowering {name}")
         try:
             payload = backend.lower(sub, target, trace=trace)
         except CompileError as e:
@@ -179,6 +194,8 @@ def partition(graph: Graph, backend: Backend, target: str, prefix: str = "p", tr
         partitions.append(Partition(name, backend.name, target, sub, payload,
                                     tuple(r.name for op in ops for r in op.results)))
         boundaries[pid] = (bin_, bout)
+        bar.update()
+    bar.set_description(f"{target}: lowered")
     host = _host_graph(graph, part_of, groups, partitions, boundaries)
     decisions = [HostDecision(op, verdicts[op].reason) for op in graph.ops
                  if op.kind != "constant" and not verdicts[op].ok]
