@@ -37,6 +37,8 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/reference_speed.py
 	$(BIN)/python benchmarks/compile.py
+	$(BIN)/python benchmarks/compile.py --repeat 1 --targets ethos-u85-256 ethos-u55-128 vgf+int \
+		--json benchmarks/results/compile_npu.json
 	$(BIN)/python benchmarks/latency.py
 
 clean:

@@ -7,6 +7,8 @@ Medians over ``--repeat`` runs; the machine is shared and noisy, so compare
 ratios within one run.
 
     python benchmarks/compile.py [--size 224] [--repeat 3] [--targets reference tosa-1.0+int]
+    python benchmarks/compile.py --repeat 1 --targets ethos-u85-256 ethos-u55-128 vgf+int \
+        --json benchmarks/results/compile_npu.json     # also Vela's NPU-cycle estimates
 """
 
 from __future__ import annotations
@@ -44,12 +46,16 @@ def bench(name: str, size: int, targets: list[str], repeat: int) -> list[dict]:
         med = [statistics.median(s[i] for s in samples) for i in range(3)]
         counts: dict[str, int] = {}
         for p in prog.partitions:
-            for k, n in p.payload.meta.get("tosa_ops", {}).items():
+            tosa_meta = p.payload.meta.get("tosa", p.payload.meta)  # Ethos-U and VGF payloads nest theirs
+            for k, n in tosa_meta.get("tosa_ops", {}).items():
                 counts[k] = counts.get(k, 0) + n
+        perf = [p.payload.meta["perf"] for p in prog.partitions if "perf" in p.payload.meta]
         rows.append({"model": name, "size": size, "target": target, "pt2e_quantize_s": round(t_quant, 3),
                      "import_s": round(med[0], 3), "passes_s": round(med[1], 3), "lower_s": round(med[2], 3),
                      "compile_s": round(sum(med), 3), "partitions": len(prog.partitions),
-                     "ir_ops": len(graph.ops), "tosa_ops": counts})
+                     "ir_ops": len(graph.ops), "tosa_ops": counts,
+                     # Vela's estimate for Ethos-U targets, summed over partitions
+                     "npu_cycles": sum(x["npu_cycles"] for x in perf) if perf else None})
     return rows
 
 
@@ -67,11 +73,13 @@ def main() -> None:
     from rich.table import Table
 
     t = Table(title=f"qlower compile time (median of {args.repeat}, seconds)")
-    for col in ("model", "target", "PT2E quantize", "import", "passes", "lower", "compile total", "partitions"):
+    for col in ("model", "target", "PT2E quantize", "import", "passes", "lower", "compile total", "partitions",
+                "NPU cycles (Vela)"):
         t.add_column(col)
     for r in rows:
         t.add_row(r["model"], r["target"], f"{r['pt2e_quantize_s']:.2f}", f"{r['import_s']:.3f}",
-                  f"{r['passes_s']:.3f}", f"{r['lower_s']:.3f}", f"{r['compile_s']:.3f}", str(r["partitions"]))
+                  f"{r['passes_s']:.3f}", f"{r['lower_s']:.3f}", f"{r['compile_s']:.3f}", str(r["partitions"]),
+                  "—" if r["npu_cycles"] is None else f"{r['npu_cycles']:,}")
     Console(width=150).print(t)
     for r in rows:
         if r["tosa_ops"]:
