@@ -170,3 +170,18 @@ def test_progress_bar_counts_every_op_then_every_partition(capsys):
     total = len(g.ops) + 2  # a verdict per op, then the two partitions
     assert any("box: lowering p1" in s for s in steps)
     assert "box: lowered: 100%" in steps[-1] and f" {total}/{total} " in steps[-1]
+
+
+def test_ops_reading_only_host_values_share_one_partition():
+    """Three rescales of the same host value (q, k, v projections in attention) and their concat:
+    one partition, not one per rescale joined by delegate calls."""
+    b = GraphBuilder()
+    x = b.op("table", b.input("x", I8), table=np.arange(-128, 128, dtype=np.int8), offset=128, out=Q, name="host")
+    qkv = [b.op("rescale", x, out=QuantSpec.per_tensor(0.1, -3), rounding=r, name=f"r{i}")
+           for i, r in enumerate(("single", "double", "single"))]
+    g = verify(b.build([b.op("concat", tuple(qkv), axis=3, name="cat")]))
+    backend = BoxBackend({"rescale", "concat"})
+    result = partition(g, backend, "box")
+    assert [p.values for p in result.partitions] == [("r0", "r1", "r2", "cat")]
+    runner = Runner(result.host, result.partitions, {"box": backend})
+    np.testing.assert_array_equal(runner.run(_inputs())[0], run_graph(g, _inputs())[0])

@@ -74,7 +74,9 @@ def _assign(graph: Graph, verdicts: dict[Op, Verdict]) -> dict[Op, int]:
             continue
         inputs = list(op.input_values())
         if verdicts[op].ok:
-            candidates = [producer_part(v) for v in inputs]
+            # a producer's partition first, then any other (newest first): an op whose inputs all
+            # come from the host (q, k and v projections of one input) needn't open a partition
+            candidates = [producer_part(v) for v in inputs] + list(range(n_parts - 1, -1, -1))
             chosen = None
             for c in candidates:
                 if c is not None and all(c not in ext[v] for v in inputs):
