@@ -5,6 +5,8 @@ in the payload, and a payload made for Vulkan never silently falls back."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -13,7 +15,7 @@ from qlower.backends.vgf import VgfBackend
 from qlower.backends.vgf import backend as vgf_backend
 from qlower.backends.vgf import runner as vgf_runner
 from qlower.backends.vgf.runner import VulkanUnavailable
-from qlower.errors import CompileError, ExecutionError, UnsupportedOpError
+from qlower.errors import CompileError, ExecutionError, InputError, UnsupportedOpError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
 from qlower.partition import partition
 from qlower.reference import run_graph
@@ -265,3 +267,16 @@ def test_traced_intermediates_match_the_reference(mode, vulkan):
     assert {plain.tensor_map[t] for t in shown} == {v.name for v in g.inputs + g.outputs}
     for tensor, array in shown.items():
         np.testing.assert_array_equal(array, by_name[plain.tensor_map[tensor]], err_msg=tensor)
+
+
+def test_wrong_inputs_are_input_errors_naming_the_partition(vulkan):
+    g, xs = int32_arithmetic(np.random.default_rng(9))
+    be = VgfBackend("vulkan")
+    p = be.lower(verify(g), "vgf+int")
+    bad_shape = np.zeros(tuple(d + 1 for d in xs[0].shape), xs[0].dtype)
+    with pytest.raises(InputError, match=re.escape(f"input 0 of the VGF partition has shape {bad_shape.shape}")):
+        be.execute(p, [bad_shape, *xs[1:]])
+    with pytest.raises(InputError, match="input 0 of the VGF partition has dtype float64"):
+        be.execute(p, [xs[0].astype(np.float64), *xs[1:]])
+    with pytest.raises(InputError, match=f"the VGF partition takes {len(xs)} input"):
+        be.execute(p, [*xs, xs[0]])

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from qlower.errors import InputError
 from qlower.ir import Graph, Op, TensorType
 
 
@@ -84,3 +85,22 @@ class Backend(ABC):
         Backends that can't look inside a payload return only what they can.
         """
         return {}
+
+
+def check_payload_inputs(payload: Payload, inputs: Sequence[np.ndarray], what: str) -> list[np.ndarray]:
+    """``inputs`` as contiguous arrays of the payload's input types (float inputs converted);
+    an InputError naming ``what`` (e.g. "the TOSA partition") and the input otherwise."""
+    types = payload.input_types
+    if len(inputs) != len(types):
+        raise InputError(f"{what} takes {len(types)} input(s), got {len(inputs)}")
+    out = []
+    for i, (x, t) in enumerate(zip(inputs, types)):
+        x = np.asarray(x)
+        if tuple(x.shape) != t.shape:
+            raise InputError(f"input {i} of {what} has shape {tuple(x.shape)}, expected {t.shape}")
+        if x.dtype != t.dtype.numpy:
+            if not (t.dtype.is_float and x.dtype.kind == "f"):
+                raise InputError(f"input {i} of {what} has dtype {x.dtype}, expected {t.dtype.numpy}")
+            x = x.astype(t.dtype.numpy)
+        out.append(np.ascontiguousarray(x))
+    return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NamedTuple
 
 import torch
@@ -110,3 +110,19 @@ def check_size(name: str, size: int | None, default: int, minimum: int) -> int:
     if not isinstance(size, int) or size < minimum:
         raise ValueError(f"zoo model {name!r}: size must be an int >= {minimum}, got {size!r}")
     return size
+
+
+def random_image_classifier(make: Callable[[], nn.Module], size: int, seed: int, calibration_batches: int = 4,
+                            head: str | None = None) -> ZooModel:
+    """A seeded image classifier with random weights: Kaiming init (the ``head`` Linear, if named,
+    N(0, 0.01) so the logits stay small), BatchNorm statistics from random images, and NCHW
+    ``randn`` calibration batches and example input (static per-channel int8 config)."""
+    with seeded(seed):
+        model = make()
+        kaiming_init(model)
+        if head is not None:
+            nn.init.normal_(getattr(model, head).weight, std=0.01)
+    estimate_bn_stats(model, bn_estimation_batches(3, size, seed + 1))
+    calibration = randn_batches((1, 3, size, size), calibration_batches, seed + 2)
+    example = randn_batches((1, 3, size, size), 1, seed + 3)[0]
+    return ZooModel(model, example, QuantConfig(), calibration)

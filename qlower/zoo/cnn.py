@@ -6,16 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qlower.frontend.config import QuantConfig
-from qlower.zoo._common import (
-    ZooModel,
-    bn_estimation_batches,
-    check_size,
-    estimate_bn_stats,
-    kaiming_init,
-    randn_batches,
-    seeded,
-)
+from qlower.zoo._common import ZooModel, check_size, random_image_classifier
 
 DEFAULT_SIZE = 32
 MIN_SIZE = 4
@@ -47,10 +38,4 @@ class TinyCNN(nn.Module):
 def build(size: int | None = None) -> ZooModel:
     """Seeded TinyCNN with BN statistics from random images; static per-channel int8 config."""
     s = check_size("tiny_cnn", size, DEFAULT_SIZE, MIN_SIZE)
-    with seeded(SEED):
-        model = TinyCNN()
-        kaiming_init(model)
-    estimate_bn_stats(model, bn_estimation_batches(3, s, SEED + 1))
-    calibration = randn_batches((1, 3, s, s), 8, SEED + 2)
-    example = randn_batches((1, 3, s, s), 1, SEED + 3)[0]
-    return ZooModel(model, example, QuantConfig(), calibration)
+    return random_image_classifier(TinyCNN, s, SEED, calibration_batches=8)

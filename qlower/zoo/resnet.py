@@ -9,16 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qlower.frontend.config import QuantConfig
-from qlower.zoo._common import (
-    ZooModel,
-    bn_estimation_batches,
-    check_size,
-    estimate_bn_stats,
-    kaiming_init,
-    randn_batches,
-    seeded,
-)
+from qlower.zoo._common import ZooModel, check_size, random_image_classifier
 
 DEFAULT_SIZE = 224
 MIN_SIZE = 32
@@ -71,11 +62,4 @@ class ResNet18(nn.Module):
 def build(size: int | None = None) -> ZooModel:
     """Seeded ResNet-18 with BN statistics from random images; static per-channel int8 config."""
     s = check_size("resnet18", size, DEFAULT_SIZE, MIN_SIZE)
-    with seeded(SEED):
-        model = ResNet18()
-        kaiming_init(model)
-        nn.init.normal_(model.fc.weight, std=0.01)
-    estimate_bn_stats(model, bn_estimation_batches(3, s, SEED + 1))
-    calibration = randn_batches((1, 3, s, s), 4, SEED + 2)
-    example = randn_batches((1, 3, s, s), 1, SEED + 3)[0]
-    return ZooModel(model, example, QuantConfig(), calibration)
+    return random_image_classifier(ResNet18, s, SEED, head="fc")

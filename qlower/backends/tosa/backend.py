@@ -13,13 +13,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from qlower.backends.base import Backend, Payload, Verdict
+from qlower.backends.base import Backend, Payload, Verdict, check_payload_inputs
 from qlower.backends.tosa import executor
 from qlower.backends.tosa.lowering import Lowered, describe, lower_graph
 from qlower.backends.tosa.serializer import TOSA_VERSION
 from qlower.backends.tosa.support import PROFILES, Profile, check, profile_for
 from qlower.backends.tosa.validate import Diagnostic, validate
-from qlower.errors import CompileError, ExecutionError, InputError
+from qlower.errors import CompileError, ExecutionError
 from qlower.ir import Graph, Op
 
 GRAPH_BLOB = "graph.tosa"
@@ -75,7 +75,7 @@ class TosaBackend(Backend):
         )
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        arrays = _check_inputs(payload, inputs)
+        arrays = check_payload_inputs(payload, inputs, "the TOSA partition")
         outputs = executor.run(payload.blobs[GRAPH_BLOB], arrays, f"partition for {payload.target}")
         return _typed_outputs(payload, outputs[:len(payload.output_types)])
 
@@ -83,7 +83,7 @@ class TosaBackend(Backend):
                        tensors: Sequence[str]) -> dict[str, np.ndarray]:
         """Run the trace graph (or the plain one) and return the requested tensors it exposes
         (inputs, outputs and, with a trace graph, every mapped intermediate; not constants)."""
-        arrays = _check_inputs(payload, inputs)
+        arrays = check_payload_inputs(payload, inputs, "the TOSA partition")
         blob = payload.blobs.get(TRACE_BLOB, payload.blobs[GRAPH_BLOB])
         names = list(payload.meta["output_tensors"])
         if TRACE_BLOB in payload.blobs:
@@ -116,24 +116,6 @@ def _validation_message(diagnostics: list[Diagnostic], profile: Profile, extensi
         lines.append(f"  ... and {len(diagnostics) - 10} more")
     lines.append("This is a bug in qlower's TOSA lowering; keeping the op on the host avoids it.")
     return "\n".join(lines)
-
-
-def _check_inputs(payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    types = payload.input_types
-    if len(inputs) != len(types):
-        raise InputError(f"the TOSA partition takes {len(types)} input(s), got {len(inputs)}")
-    out = []
-    for i, (x, t) in enumerate(zip(inputs, types)):
-        x = np.asarray(x)
-        if tuple(x.shape) != t.shape:
-            raise InputError(f"input {i} of the TOSA partition has shape {tuple(x.shape)}, expected {t.shape}")
-        want = t.dtype.numpy
-        if x.dtype != want:
-            if not (t.dtype.is_float and x.dtype.kind == "f"):
-                raise InputError(f"input {i} of the TOSA partition has dtype {x.dtype}, expected {want}")
-            x = x.astype(want)
-        out.append(np.ascontiguousarray(x))
-    return out
 
 
 def _typed_outputs(payload: Payload, outputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from qlower.backends.base import Backend, Payload, Verdict
+from qlower.backends.base import Backend, Payload, Verdict, check_payload_inputs
 from qlower.backends.vgf.container import VgfModel, VgfTensor, read_vgf
 from qlower.backends.vgf.converter import tosa_to_vgf
 from qlower.backends.vgf.runner import TensorSpec, VulkanUnavailable, run_vgf, specs_from_meta
-from qlower.errors import CompileError, ExecutionError, InputError
+from qlower.errors import CompileError, ExecutionError
 from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, Value
 
 PROFILES: dict[str, str] = {"vgf": "tosa-1.0+int+fp", "vgf+int": "tosa-1.0+int"}
@@ -227,7 +227,7 @@ class VgfBackend(Backend):
         """On Vulkan when the payload says so (never a silent fallback), else on the TOSA reference model."""
         if not self._runs_on_vulkan(payload):
             return self.tosa.execute(self._tosa_payload(payload), inputs)
-        arrays = _check_inputs(payload, inputs)
+        arrays = check_payload_inputs(payload, inputs, "the VGF partition")
         try:
             return _run_real(payload, arrays).outputs
         except VulkanUnavailable as e:
@@ -244,7 +244,7 @@ class VgfBackend(Backend):
             return self.tosa.execute_traced(self._tosa_payload(payload), inputs, tensors)
         tosa_meta = payload.meta.get("tosa", {})
         names = list(tosa_meta.get("output_tensors", []))
-        arrays = _check_inputs(payload, inputs)
+        arrays = check_payload_inputs(payload, inputs, "the VGF partition")
         try:
             if TRACE_VGF in payload.blobs:
                 names += list(tosa_meta.get("trace_outputs", []))
@@ -257,18 +257,3 @@ class VgfBackend(Backend):
         return {name: by_name[name] for name in tensors if name in by_name}
 
 
-def _check_inputs(payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    types = payload.input_types
-    if len(inputs) != len(types):
-        raise InputError(f"the VGF partition takes {len(types)} input(s), got {len(inputs)}")
-    out = []
-    for i, (x, t) in enumerate(zip(inputs, types)):
-        x = np.asarray(x)
-        if tuple(x.shape) != t.shape:
-            raise InputError(f"input {i} of the VGF partition has shape {tuple(x.shape)}, expected {t.shape}")
-        if x.dtype != t.dtype.numpy:
-            if not (t.dtype.is_float and x.dtype.kind == "f"):
-                raise InputError(f"input {i} of the VGF partition has dtype {x.dtype}, expected {t.dtype.numpy}")
-            x = x.astype(t.dtype.numpy)
-        out.append(np.ascontiguousarray(x))
-    return out
