@@ -14,6 +14,7 @@ Vela's estimates, not measurements.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 from qlower.backends.base import Backend, Payload, Verdict
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
 from qlower.backends.ethosu.vela import ACCELERATORS, IOTensor, VelaConfig, compile_tosa, vela_config
+from qlower.backends.tosa import TosaBackend
 from qlower.errors import CompileError, ExecutionError
 from qlower.ir import DType, Graph, GraphBuilder, Op, TensorType, Value, rebuild
 
@@ -32,12 +34,6 @@ EXECUTION = "simulated: TOSA reference model"
 _TOSA_DTYPES: dict[str, tuple[DType, int]] = {
     "BOOL": (DType.BOOL, 1), "INT8": (DType.INT8, 1), "INT16": (DType.INT16, 2), "INT32": (DType.INT32, 4),
 }
-
-
-def _tosa_backend() -> Backend:
-    from qlower.backends.tosa import TosaBackend
-
-    return TosaBackend()
 
 
 def boundary_type(io: IOTensor, value: Value, direction: str) -> TensorType:
@@ -120,13 +116,11 @@ class EthosUBackend(Backend):
         self.system_config, self.memory_mode = system_config, memory_mode
         self.per_layer, self.optimise, self.trace = per_layer, optimise, trace
         self.facts = GraphFacts()
-        self._tosa: Backend | None = None
 
-    @property
+    @functools.cached_property
     def tosa(self) -> Backend:
-        if self._tosa is None:
-            self._tosa = _tosa_backend()
-        return self._tosa
+        """The TOSA backend this one lowers through (and simulates on)."""
+        return TosaBackend()
 
     def config(self, target: str) -> VelaConfig:
         return vela_config(target, self.system_config, self.memory_mode)

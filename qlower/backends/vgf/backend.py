@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from qlower.backends.base import Backend, Payload, Verdict, check_payload_inputs
+from qlower.backends.tosa import TosaBackend
 from qlower.backends.vgf.container import VgfModel, VgfTensor, read_vgf
 from qlower.backends.vgf.converter import tosa_to_vgf
 from qlower.backends.vgf.runner import TensorSpec, VulkanUnavailable, run_vgf, specs_from_meta
@@ -47,12 +48,6 @@ TRACE_TOSA, TRACE_VGF = "trace.tosa", "trace.vgf"
 VULKAN = "vulkan"
 SIMULATED = "simulated: TOSA reference model"
 MODES = ("auto", "vulkan", "simulate")
-
-
-def _tosa_backend() -> Backend:
-    from qlower.backends.tosa import TosaBackend
-
-    return TosaBackend()
 
 
 def _io_meta(model: VgfModel) -> list[dict]:
@@ -147,13 +142,11 @@ class VgfBackend(Backend):
         if mode not in MODES:
             raise ValueError(f"VGF execution mode {mode!r}: expected one of {', '.join(MODES)}")
         self.execution, self._probe = mode, probe
-        self._tosa: Backend | None = None
 
-    @property
+    @functools.cached_property
     def tosa(self) -> Backend:
-        if self._tosa is None:
-            self._tosa = _tosa_backend()
-        return self._tosa
+        """The TOSA backend this one lowers through (and simulates on)."""
+        return TosaBackend()
 
     def supports(self, op: Op, target: str) -> Verdict:
         return self.tosa.supports(op, profile_for(target))
