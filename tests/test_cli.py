@@ -83,3 +83,23 @@ def test_backend_options_reach_the_backend(capsys, tmp_path):
     assert code == 0
     meta = qlower.load(path).partitions[0].payload.meta
     assert (meta["system_config"], meta["memory_mode"]) == ("Ethos_U85_SYS_DRAM_High", "Sram_Only")
+
+
+def test_verify_exits_1_when_the_target_is_not_bit_exact(capsys, monkeypatch):
+    """A TOSA lowering of rescale whose output zero point is off by one: verify must fail the run."""
+    from qlower.backends.tosa.lowering import LOWERINGS
+    from qlower.ir import DType, Op, QuantSpec
+
+    original = LOWERINGS["rescale"]
+
+    def off_by_one(lw, op):
+        out = op.attrs["out"]
+        if out.dtype is not DType.INT8:  # (TOSA takes only zero point 0 for int32)
+            return original(lw, op)
+        shifted = QuantSpec.per_tensor(out.scale[0], out.zero_point[0] + 1, out.dtype, out.qmin, out.qmax)
+        return original(lw, Op(op.kind, op.operands, {**op.attrs, "out": shifted}, op.results))
+
+    monkeypatch.setitem(LOWERINGS, "rescale", off_by_one)
+    code, out, err = _run(capsys, "verify", *MODEL, "--target", "tosa-1.0+int")
+    assert code == 1, err
+    assert "verdict: FAILED" in out and "first diverges from the reference" in out
