@@ -95,7 +95,7 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
-def _fmt(x, spec="{:g}") -> str:
+def _fmt(x, spec="{:.4g}") -> str:
     return "—" if x is None else html.escape(spec.format(x))
 
 

@@ -131,7 +131,7 @@ class VerificationReport:
         return self.table()
 
 
-def _fmt(x, spec: str = "{:g}") -> str:
+def _fmt(x, spec: str = "{:.4g}") -> str:
     return "—" if x is None else spec.format(x)
 
 
