@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from qlower.backends.registry import backend_for, targets
+from qlower.backends.registry import backend_for, check_target, targets
 from qlower.frontend.config import QuantConfig
 from qlower.ir import Graph
 from qlower.program import Program
@@ -50,7 +50,7 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
     from qlower.frontend import capture_and_import
     from qlower.passes import default_pipeline
 
-    backend_for(target, backend_options)  # an unknown target or option fails before calibration, not after
+    check_target(target, backend_options)  # an unknown target or option fails before calibration, not after
     example_inputs = tuple(example_inputs)
     t0 = time.perf_counter()
     front = capture_and_import(model, example_inputs, quant,

@@ -42,12 +42,10 @@ def register_target(target: str, module: str, cls: str) -> None:
     _NPU_TARGETS[target] = (module, cls)
 
 
-def backend_for(target: str, options: Mapping[str, Any] | None = None) -> Backend | None:
-    """The partitioning backend for ``target``, or None for host-only targets.
-
-    ``options`` are the backend's constructor arguments (e.g. Ethos-U's
-    ``system_config``); an unknown one is a ValueError that lists the known ones."""
-    options = dict(options or {})
+def _backend_class(target: str, options: Mapping[str, Any] | None) -> type[Backend] | None:
+    """The backend class for ``target`` (None for host-only targets), after checking ``options``
+    against its constructor: an unknown target or option is a ValueError listing the known ones."""
+    options = options or {}
     if target in HOST_TARGETS:
         if options:
             raise ValueError(f"target {target!r} takes no backend options, got {', '.join(sorted(options))}")
@@ -63,4 +61,18 @@ def backend_for(target: str, options: Mapping[str, Any] | None = None) -> Backen
     if unknown:
         raise ValueError(f"target {target!r} has no backend option {', '.join(map(repr, unknown))}; "
                          f"its options: {', '.join(known) or 'none'}")
-    return backend_cls(**options)
+    return backend_cls
+
+
+def check_target(target: str, options: Mapping[str, Any] | None = None) -> None:
+    """Raise the ValueError ``backend_for`` would, without building the backend."""
+    _backend_class(target, options)
+
+
+def backend_for(target: str, options: Mapping[str, Any] | None = None) -> Backend | None:
+    """The partitioning backend for ``target``, or None for host-only targets.
+
+    ``options`` are the backend's constructor arguments (e.g. Ethos-U's
+    ``system_config``); an unknown one is a ValueError that lists the known ones."""
+    backend_cls = _backend_class(target, options)
+    return None if backend_cls is None else backend_cls(**(options or {}))

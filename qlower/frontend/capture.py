@@ -91,7 +91,7 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Qua
     if not batches:
         raise InputError("quantization needs at least one calibration batch (a tuple of input tensors); "
                          "pass e.g. [example_inputs]")
-    # one bar over the whole of PT2E (MobileNetV2 at 224: ~14 s): export, prepare, each batch, convert
+    # one bar over the whole of PT2E, its slowest stage: export, prepare, each batch, convert
     with tqdm(total=len(batches) + 3, desc="quantizing: export", unit="step", disable=not progress) as bar:
         return _quantize(model, example_inputs, quant, batches, bar)
 

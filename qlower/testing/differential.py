@@ -1,13 +1,13 @@
 """Differential checks: a graph run on a backend target against the reference interpreter.
 
 ``check_target(graph, inputs, target)`` runs the graph the way a program on that
-target runs it and compares every output with ``qlower.reference.run_graph``:
+target runs it (``qlower.api.lower_graph(graph, target).run``) and compares every
+output with ``qlower.reference.run_graph``:
 
-- ``cpu``: the whole graph on ``qlower.backends.cpu.prepare(graph).run``;
-- ``tosa-1.0+int``, ``tosa-1.0+int+fp``, ``ethos-u*``: ``qlower.partition.partition``
-  then ``qlower.runtime.runner.Runner`` (host ops on the reference kernels, partitions
-  on the backend; Ethos-U partitions are compiled by Vela and simulated on the TOSA
-  reference model);
+- ``cpu``: the whole graph in the CPU backend's plan;
+- ``tosa-1.0+int``, ``tosa-1.0+int+fp``, ``ethos-u*``: partitioned, host ops in the host
+  executor and partitions on the backend (Ethos-U partitions are compiled by Vela and
+  simulated on the TOSA reference model);
 - ``vgf+int``, ``vgf``: the same, with partitions converted to VGF and run for real by the
   ML SDK scenario runner on Vulkan (never the simulated fallback).
 
@@ -99,18 +99,11 @@ def run_target(graph: Graph, inputs: Sequence[np.ndarray], target: str) -> list[
     """Run ``graph`` as a program compiled for ``target`` runs it."""
     if target == "reference":
         return run_graph(graph, inputs)
-    if target == "cpu":
-        from qlower.backends.cpu import prepare
-
-        return prepare(graph).run(inputs)
-    from qlower.backends.registry import backend_for
-    from qlower.partition import partition
-    from qlower.runtime.runner import Runner
+    from qlower.api import lower_graph
 
     # VGF runs on Vulkan (never simulated here): a machine that can't is a failure, not a pass
-    backend = backend_for(target, {"execution": "vulkan"} if target.startswith("vgf") else None)
-    result = partition(graph, backend, target)
-    return Runner(result.host, result.partitions, {backend.name: backend}).run(inputs)
+    options = {"execution": "vulkan"} if target.startswith("vgf") else None
+    return lower_graph(graph, target, backend_options=options).run(*inputs)
 
 
 def output_tolerances(graph: Graph) -> list[Tolerance]:

@@ -181,11 +181,12 @@ class VgfBackend(Backend):
                                "runs only data-graph segments (a compute segment needs a shader supplied at run time)")
         in_types = tuple(boundary_type(t, v, "input") for t, v in zip(model.inputs, subgraph.inputs))
         out_types = tuple(boundary_type(t, v, "output") for t, v in zip(model.outputs, subgraph.outputs))
+        execution, version = self.execution_for_new_payloads(), ".".join(map(str, model.version))
         meta: dict[str, Any] = {
             "profile": tosa.meta.get("profile"),
-            "execution": self.execution_for_new_payloads(),
-            "summary": f"VGF {'.'.join(map(str, model.version))}; execution: {self.execution_for_new_payloads()}",
-            "vgf_version": ".".join(map(str, model.version)),
+            "execution": execution,
+            "summary": f"VGF {version}; execution: {execution}",
+            "vgf_version": version,
             "model_converter": converted.version,
             "convert_seconds": round(converted.seconds, 4),
             "segments": list(model.segments),
