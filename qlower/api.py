@@ -25,9 +25,10 @@ def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dic
     meta = dict(meta or {})
     meta["threads"] = threads
     backend = backend_for(target, backend_options)
+    from qlower.partition import float_fallbacks, partition
+
     if backend is None:
-        return Program(target, graph, graph, meta=meta)
-    from qlower.partition import partition
+        return Program(target, graph, graph, decisions=float_fallbacks(graph), meta=meta)
 
     t0 = time.perf_counter()
     result = partition(graph, backend, target, trace=trace, progress=progress)

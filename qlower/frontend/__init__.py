@@ -59,7 +59,8 @@ def capture_and_import(model: nn.Module, example_inputs: Sequence[torch.Tensor],
     when a part of the model can't be imported.
     """
     captured = capture(model, example_inputs, quant, calibration, progress=progress)
-    imported = import_graph(captured.graph_module, name=type(model).__name__)
+    imported = import_graph(captured.graph_module, name=type(model).__name__,
+                            fallback=quant.fallback if quant is not None else "float")
     graph = imported.graph
     return FrontendResult(
         graph=graph,

@@ -19,6 +19,8 @@ from tqdm.auto import tqdm
 
 from qlower.errors import InputError, UnsupportedOpError
 from qlower.frontend.config import QuantConfig
+from qlower.frontend.decompose import decompose_unruled
+from qlower.frontend.rules import has_rule
 from qlower.frontend.source import describe_node
 
 Batch = tuple[torch.Tensor, ...]
@@ -52,14 +54,17 @@ def export_module(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> G
     """
     args = tuple(example_inputs)
     errors = []
+    program = None
     for strict in (False, True):
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 program = torch.export.export(model, args, strict=strict)
-            return program.module(check_guards=False)
+            break
         except Exception as e:  # noqa: BLE001  (export raises many unrelated types)
             errors.append(f"{'strict' if strict else 'non-strict'} export: {type(e).__name__}: {e}")
+    if program is not None:
+        return decompose_unruled(program.module(check_guards=False), has_rule)
     detail = "\n".join(line[:600] for line in errors)
     raise UnsupportedOpError(f"torch.export could not capture {type(model).__name__}:\n{detail}\n"
                              "Make the forward exportable (no data-dependent control flow) and try again.")
@@ -112,7 +117,8 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
         warnings.simplefilter("ignore")
         bar.set_description("quantizing: prepare")
         prepared = prepare_pt2e(gm, QlowerQuantizer(quant))
-        _reject_unfolded_batch_norm(prepared)
+        if quant.fallback == "error":
+            _reject_unfolded_batch_norm(prepared)
         bar.update()
         bar.set_description("quantizing: calibrate")
         with torch.no_grad():

@@ -18,6 +18,9 @@ class QuantConfig:
     tensor or per row, symmetric), int8 per-channel weights, float outputs.
     ``fixed`` pins a value's quantization: key ``"output"`` (the model output),
     ``"input"`` / ``"input:N"``, or a module's qualified name (its output).
+    ``fallback="float"`` runs an op without an integer rule in float on the host
+    (dequantize, the ATen op, quantize again); ``"error"`` refuses it instead, for
+    users who want a fully integer program.
     """
 
     mode: Literal["static", "dynamic"] = "static"
@@ -29,10 +32,13 @@ class QuantConfig:
     weight_qmax: int = 127
     granularity: Literal["per_tensor", "per_row"] = "per_tensor"
     fixed: dict[str, FixedQParams] = field(default_factory=dict)
+    fallback: Literal["float", "error"] = "float"
 
     def __post_init__(self) -> None:
         if self.mode not in ("static", "dynamic"):
             raise ValueError(f"QuantConfig.mode must be 'static' or 'dynamic', got {self.mode!r}")
+        if self.fallback not in ("float", "error"):
+            raise ValueError(f"QuantConfig.fallback must be 'float' or 'error', got {self.fallback!r}")
         if self.granularity not in ("per_tensor", "per_row"):
             raise ValueError(f"QuantConfig.granularity must be 'per_tensor' or 'per_row', got {self.granularity!r}")
         if not -128 <= self.act_qmin < self.act_qmax <= 127:
@@ -42,4 +48,4 @@ class QuantConfig:
 
     def __hash__(self) -> int:
         return hash((self.mode, self.per_channel, self.act_qmin, self.act_qmax, self.symmetric_acts,
-                     self.weight_qmin, self.weight_qmax, self.granularity, tuple(sorted(self.fixed.items()))))
+                     self.weight_qmin, self.weight_qmax, self.granularity, tuple(sorted(self.fixed.items())), self.fallback))

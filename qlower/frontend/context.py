@@ -97,8 +97,9 @@ class Ref:
 class ImportContext:
     """Builder, environment and shared helpers of one import."""
 
-    def __init__(self, graph_module: torch.fx.GraphModule, name: str = "main") -> None:
+    def __init__(self, graph_module: torch.fx.GraphModule, name: str = "main", fallback: str = "float") -> None:
         self.gm = graph_module
+        self.fallback = fallback
         self.b = GraphBuilder(name)
         self.env: dict[Node, object] = {}
         self.node: Node | None = None

@@ -25,8 +25,10 @@ from torch.fx import GraphModule, Node
 from torch.fx.operator_schemas import normalize_function
 from torch.utils import _pytree as pytree
 
+from qlower.errors import UnsupportedOpError
 from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
+from qlower.frontend.fallback import can_fall_back, import_fallback, ir_type, plain_integer_constant
 from qlower.frontend.rules import load_all, rule_for
 from qlower.ir import DType, Graph, TensorType, Value, verify
 
@@ -75,28 +77,54 @@ def _fold_float(ctx: ImportContext, node: Node) -> Ref:
 def _call_rule(ctx: ImportContext, node: Node) -> object:
     rule = rule_for(node.target)
     if rule is None:
-        raise ctx.unsupported("qlower has no import rule for this op; rewrite the model to use supported ops "
-                              "(see qlower.frontend.rules) or leave this part out of the exported model")
+        return _fall_back(ctx, node, "qlower has no import rule for this op")
 
     def lookup(a: object) -> object:
         return ctx.env[a] if isinstance(a, Node) else a
 
     normalized = _normalized(node)
-    if normalized is None:
-        args = pytree.tree_map(lookup, node.args)
-        kwargs = pytree.tree_map(lookup, dict(node.kwargs))
-        return rule(ctx, node, *args, **kwargs)
-    _, kwargs = normalized
-    kwargs = {k: pytree.tree_map(lookup, v) for k, v in kwargs.items()}
-    return rule(ctx, node, **kwargs)
+    try:
+        if normalized is None:
+            args = pytree.tree_map(lookup, node.args)
+            kwargs = pytree.tree_map(lookup, dict(node.kwargs))
+            return rule(ctx, node, *args, **kwargs)
+        _, kwargs = normalized
+        kwargs = {k: pytree.tree_map(lookup, v) for k, v in kwargs.items()}
+        return rule(ctx, node, **kwargs)
+    except UnsupportedOpError:
+        if ctx.fallback != "float" or not can_fall_back(node):
+            raise
+        ctx.node = node
+        return import_fallback(ctx, node)
+
+
+def _fall_back(ctx: ImportContext, node: Node, reason: str) -> object:
+    """An op without a rule: a float fallback, or the clear refusal the user asked for."""
+    if ctx.fallback == "float" and can_fall_back(node):
+        return import_fallback(ctx, node)
+    if ctx.fallback == "float":
+        reason += (" and it is not a deterministic op of PyTorch's core ATen set that could run in float on "
+                   "the host")
+    else:
+        reason += " (QuantConfig(fallback='error'); fallback='float' would run it in float on the host)"
+    raise ctx.unsupported(reason + "; rewrite the model to use supported ops (see qlower.frontend.rules) "
+                          "or leave this part out of the exported model")
 
 
 def _placeholder(ctx: ImportContext, node: Node) -> Ref:
     val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor) or val.dtype != torch.float32:
-        raise ctx.unsupported("graph inputs must be float32 tensors", node)
-    value = ctx.b.input(node.name, TensorType(tuple(val.shape), DType.FLOAT32),
-                        origin=ctx.origin_of(node))
+    if not isinstance(val, torch.Tensor):
+        raise ctx.unsupported("graph inputs must be tensors", node)
+    if val.dtype == torch.float32:
+        ir_t = TensorType(tuple(val.shape), DType.FLOAT32)
+    else:
+        try:
+            ir_t = ir_type(val)  # token ids, indices and masks enter as plain integers / bools
+        except TypeError:
+            ir_t = None
+        if ir_t is None or ir_t.dtype is DType.FLOAT32:
+            raise ctx.unsupported(f"graph inputs must be float32, integer or bool tensors, got {val.dtype}", node)
+    value = ctx.b.input(node.name, ir_t, origin=ctx.origin_of(node))
     return Ref.of(value, layout.identity(val.dim()))
 
 
@@ -118,14 +146,26 @@ def _outputs(ctx: ImportContext, node: Node) -> list[Value]:
             raise ctx.unsupported(f"model outputs must be tensors, got {leaf!r}", node)
         ref = ctx.ref(leaf)
         ctx.node = leaf
-        outputs.append(ctx.as_float(ref, layout.identity(ref.rank)))
+        identity = layout.identity(ref.rank)
+        plain = ref.spec is not None and ref.spec.is_plain_integer and ref.scale is None
+        if ref.is_const and ref.quant is None and ref.data.dtype.kind in "biu":
+            outputs.append(ctx.constant(ref.data.astype(np.bool_)) if ref.data.dtype.kind == "b"
+                           else plain_integer_constant(ctx, ref.data))
+        elif plain or (not ref.is_const and ref.value.dtype is DType.BOOL):
+            outputs.append(ctx.value_in(ref, identity))  # integer and bool results stay what they are
+        else:
+            outputs.append(ctx.as_float(ref, identity))
     return outputs
 
 
-def import_graph(gm: GraphModule, name: str = "main") -> Imported:
-    """Translate ``gm`` into a verified IR graph (see the module docstring for the contract)."""
+def import_graph(gm: GraphModule, name: str = "main", fallback: str = "float") -> Imported:
+    """Translate ``gm`` into a verified IR graph (see the module docstring for the contract).
+
+    ``fallback="float"``: an op without an integer rule becomes a float ``aten`` op on the host;
+    ``"error"``: it is refused with an UnsupportedOpError naming the op and the source line.
+    """
     load_all()
-    ctx = ImportContext(gm, name)
+    ctx = ImportContext(gm, name, fallback)
     outputs: list[Value] = []
     for node in gm.graph.nodes:
         ctx.node = node

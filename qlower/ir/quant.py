@@ -59,6 +59,16 @@ class QuantSpec:
                          dtype.max if qmax is None else qmax, axis=axis)
 
     @staticmethod
+    def plain_integer(dtype: DType = DType.INT32) -> QuantSpec:
+        """Integers that stand for themselves (token ids, indices, counts): scale 1, zero point 0."""
+        return QuantSpec(dtype, (1.0,), (0,), dtype.min, dtype.max)
+
+    @property
+    def is_plain_integer(self) -> bool:
+        return (self.scale == (1.0,) and self.zero_point == (0,) and self.axis is None and not self.dynamic
+                and (self.qmin, self.qmax) == (self.dtype.min, self.dtype.max))
+
+    @staticmethod
     def accumulator(input_spec: QuantSpec, weight_spec: QuantSpec, axis: int | None) -> QuantSpec:
         """The int32 type of ``sum(input * weight)``: scale s_in * s_w[c], zero point 0."""
         scales = tuple(input_spec.scale[0] * s for s in weight_spec.scale)

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from qlower.backends.base import Backend, Payload, Verdict
 from qlower.errors import CompileError
 from qlower.ir import Graph, GraphBuilder, Op, TensorType, Value
+from qlower.reference.aten_fallback import fallback_reason
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,12 @@ def _partition(graph: Graph, backend: Backend, target: str, prefix: str, trace: 
         prepare(graph)
     verdicts = {}
     for op in graph.ops:
-        verdicts[op] = Verdict.yes() if op.kind == "constant" else backend.supports(op, target)
+        if op.kind == "constant":
+            verdicts[op] = Verdict.yes()
+        elif op.kind == "aten":
+            verdicts[op] = Verdict.no(fallback_reason(op.attrs["target"]))
+        else:
+            verdicts[op] = backend.supports(op, target)
         bar.update()
     part_of = _assign(graph, verdicts)
     _assign_output_constants(graph, backend, target, part_of)
@@ -202,6 +208,11 @@ def _partition(graph: Graph, backend: Backend, target: str, prefix: str, trace: 
     decisions = [HostDecision(op, verdicts[op].reason) for op in graph.ops
                  if op.kind != "constant" and not verdicts[op].ok]
     return PartitionResult(host, partitions, decisions)
+
+
+def float_fallbacks(graph: Graph) -> list[HostDecision]:
+    """The float fallback ops of a program that runs wholly on the host, with their reason."""
+    return [HostDecision(op, fallback_reason(op.attrs["target"])) for op in graph.ops if op.kind == "aten"]
 
 
 def _host_graph(graph: Graph, part_of: dict[Op, int], groups: dict[int, list[Op]],

@@ -32,6 +32,7 @@ import numpy as np
 from qlower.errors import InvalidProgramError, IRError, VerificationError
 from qlower.ir import OPS, DType, Graph, Op, Origin, QuantSpec, TensorType, Value, verify
 from qlower.ir.opdefs import infer_types, normalize_attrs
+from qlower.reference.aten_fallback import check_call, is_core_aten
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_DIM = 2**31 - 1
@@ -267,6 +268,8 @@ _OPT_QUANT = ("null or a QuantSpec", lambda v: v is None or isinstance(v, QuantS
 _DTYPE = ("a DType", lambda v: isinstance(v, DType))
 _ARRAY = ("an array", lambda v: isinstance(v, np.ndarray))
 _TYPES = ("a tuple of TensorTypes", lambda v: isinstance(v, tuple) and all(isinstance(t, TensorType) for t in v))
+_STRS = ("a tuple of strings", lambda v: isinstance(v, tuple) and all(type(e) is str for e in v))
+_CORE_ATEN = ("a deterministic op of PyTorch's core ATen op set", is_core_aten)
 _POOL = {"kernel": _INTS2, "stride": _INTS2, "pad": _INTS4}
 
 # What each attribute of each op kind must hold (attributes of ops not listed here are
@@ -291,6 +294,7 @@ ATTR_CHECKS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
     "dynamic_quantize": {"granularity": _STR, "dtype": _DTYPE, "qmax": _INT},
     "cast": {"dtype": _DTYPE, "out": _OPT_QUANT},
     "softmax": {"axis": _INT},
+    "aten": {"target": _CORE_ATEN, "args": _STR, "in_dtypes": _STRS, "out_types": _TYPES, "out_dtypes": _STRS},
     "delegate": {"partition": _STR, "in_types": _TYPES, "out_types": _TYPES},
 }
 
@@ -380,7 +384,11 @@ def _dec_op(x: Any, values: list[Value], tensors: TensorReader, where: str) -> O
         if r.type != t:
             raise fail(where, f"inconsistent file: result %{r.name} is stored as {r.type}, "
                               f"but its operands and attributes give {t}")
-    return Op(kind, operands, attrs, results)
+    op = Op(kind, operands, attrs, results)
+    problem = check_call(op) if kind == "aten" else None
+    if problem is not None:
+        raise fail(where, problem)
+    return op
 
 
 def decode_graph(x: Any, tensors: TensorReader, where: str) -> Graph:

@@ -12,7 +12,7 @@ import numpy as np
 
 from qlower.errors import ExecutionError, InputError
 from qlower.ir import Graph, Op, Value
-from qlower.reference import data_movement, elementwise, linear, pooling, quantization  # noqa: F401  (register kernels)
+from qlower.reference import aten_fallback, data_movement, elementwise, linear, pooling, quantization  # noqa: F401  (register kernels)
 from qlower.reference.registry import KERNELS
 
 
@@ -29,6 +29,10 @@ def check_inputs(graph: Graph, inputs: Sequence[np.ndarray]) -> list[np.ndarray]
         want = v.dtype.numpy
         if x.dtype != want:
             if v.dtype.is_float and x.dtype.kind == "f":
+                x = x.astype(want)
+            elif v.type.quant is not None and v.type.quant.is_plain_integer and x.dtype.kind in "iu":
+                if x.size and (x.min() < v.dtype.min or x.max() > v.dtype.max):
+                    raise InputError(f"input {i} (%{v.name}) holds integers outside {v.dtype.value}")
                 x = x.astype(want)
             else:
                 raise InputError(f"input {i} (%{v.name}) has dtype {x.dtype}, expected {want}")

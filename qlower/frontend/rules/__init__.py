@@ -31,6 +31,11 @@ def rule_for(target: object) -> Rule | None:
     return rule if rule is not None else RULES.get(target)
 
 
+def has_rule(target: object) -> bool:
+    load_all()
+    return rule_for(target) is not None
+
+
 def load_all() -> None:
     """Import every rule module (each registers its rules on import)."""
     from qlower.frontend.rules import (  # noqa: F401

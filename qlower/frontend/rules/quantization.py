@@ -125,6 +125,8 @@ def choose_qparams_affine(ctx: ImportContext, node, input, mapping_type, *args, 
 def getitem(ctx: ImportContext, node, obj, index):
     if isinstance(obj, DynamicQParams):
         return obj
+    if isinstance(obj, (tuple, list)):  # the results of a multi-output op (split, unbind, a fallback ...)
+        return obj[index]
     raise ctx.unsupported("indexing the result of a multi-output op is not supported")
 
 
