@@ -20,14 +20,19 @@ class Upsampler(nn.Module):
 
     def forward(self, x):
         y = self.conv(x)
-        return F.interpolate(y, scale_factor=2.0)
+        return torch.cumsum(y, dim=1)  # no integer rule: a float fallback, or refused with fallback="error"
+
+
+class Running(nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, dim=2)
 
 
 class Outer(nn.Module):
     def __init__(self):
         super().__init__()
         self.block = nn.Sequential(nn.Conv2d(3, 3, 1))
-        self.block.add_module("up", nn.Upsample(scale_factor=2.0))
+        self.block.add_module("up", Running())
 
     def forward(self, x):
         return self.block(x)
@@ -41,19 +46,29 @@ def _line_of(fn, text: str) -> int:
 X = torch.randn(1, 3, 6, 6)
 
 
-@pytest.mark.parametrize("quant", [None, QuantConfig()], ids=["float", "int8"])
-def test_unsupported_op_names_the_op_and_the_model_line(quant):
+STRICT = QuantConfig(fallback="error")
+
+
+def test_unsupported_op_names_the_op_and_the_model_line():
     with pytest.raises(UnsupportedOpError) as err:
-        capture_and_import(Upsampler(), (X,), quant, [(X,)], progress=False)
+        capture_and_import(Upsampler(), (X,), STRICT, [(X,)], progress=False)
     message = str(err.value)
-    assert "upsample_nearest2d" in message
-    assert f"test_frontend_errors.py:{_line_of(Upsampler.forward, 'F.interpolate')}" in message
+    assert "cumsum" in message and "fallback='error'" in message
+    assert f"test_frontend_errors.py:{_line_of(Upsampler.forward, 'torch.cumsum')}" in message
+
+
+@pytest.mark.parametrize("quant", [None, QuantConfig()], ids=["float", "int8"])
+def test_by_default_an_op_without_a_rule_runs_in_float(quant):
+    result = capture_and_import(Upsampler(), (X,), quant, [(X,)], progress=False)
+    ops = [op for op in result.graph.ops if op.kind == "aten"]
+    assert [op.attrs["target"] for op in ops] == ["aten.cumsum.default"]
+    assert f"test_frontend_errors.py:{_line_of(Upsampler.forward, 'torch.cumsum')}" in ops[0].origin.describe()
 
 
 def test_unsupported_op_names_the_module_path():
     with pytest.raises(UnsupportedOpError) as err:
-        capture_and_import(Outer(), (X,), QuantConfig(), [(X,)], progress=False)
-    assert "module 'block.up'" in str(err.value) and "Upsample" in str(err.value)
+        capture_and_import(Outer(), (X,), STRICT, [(X,)], progress=False)
+    assert "module 'block.up'" in str(err.value) and "Running" in str(err.value)
 
 
 class LoneBatchNorm(nn.Module):
@@ -65,7 +80,7 @@ class LoneBatchNorm(nn.Module):
         return self.bn(torch.relu(self.conv(x)))  # relu between: BN can't fold into the conv
 
 
-def test_unfolded_batch_norm_is_float_only():
+def test_unfolded_batch_norm_is_refused_when_fallback_is_error():
     model = LoneBatchNorm().eval()
     with torch.no_grad():
         model.bn.running_mean.uniform_(-1, 1)
@@ -73,7 +88,7 @@ def test_unfolded_batch_norm_is_float_only():
     result = capture_and_import(model, (X,), None, progress=False)  # float: explicit mul + add
     assert {"mul", "add"} <= set(result.graph.count_ops())
     with pytest.raises(UnsupportedOpError, match="batch_norm") as err:
-        capture_and_import(model, (X,), QuantConfig(), [(X,)], progress=False)
+        capture_and_import(model, (X,), STRICT, [(X,)], progress=False)
     assert f"test_frontend_errors.py:{_line_of(LoneBatchNorm.forward, 'self.bn(')}" in str(err.value)
 
 
@@ -95,9 +110,10 @@ class Branchy(nn.Module):
         return x
 
 
-def test_unexportable_model():
-    with pytest.raises(UnsupportedOpError, match="torch.export could not capture Branchy"):
+def test_unexportable_model_names_the_line():
+    with pytest.raises(UnsupportedOpError, match="torch.export could not capture Branchy") as err:
         capture_and_import(Branchy(), (X,), None, progress=False)
+    assert f"test_frontend_errors.py:{_line_of(Branchy.forward, 'if x.sum()')}" in str(err.value)
 
 
 class Embedding(nn.Module):
@@ -109,9 +125,11 @@ class Embedding(nn.Module):
         return self.emb(idx)
 
 
-def test_non_float_input_is_rejected():
-    with pytest.raises(UnsupportedOpError, match="float32"):
-        capture_and_import(Embedding(), (torch.tensor([[1, 2]]),), None, progress=False)
+def test_integer_inputs_are_taken_other_dtypes_refused():
+    result = capture_and_import(Embedding(), (torch.tensor([[1, 2]]),), None, progress=False)
+    assert result.graph.inputs[0].type.quant.is_plain_integer
+    with pytest.raises(UnsupportedOpError, match="float32, integer or bool"):
+        capture_and_import(nn.Identity(), (X.double(),), None, progress=False)
 
 
 def test_quantization_needs_calibration():

@@ -8,6 +8,8 @@ importer's IR is compared against (at most one quantization step per element).
 from __future__ import annotations
 
 import copy
+import inspect
+import traceback
 import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -55,6 +57,7 @@ def export_module(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> G
     args = tuple(example_inputs)
     errors = []
     program = None
+    user_line = None
     for strict in (False, True):
         try:
             with warnings.catch_warnings():
@@ -62,12 +65,24 @@ def export_module(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> G
                 program = torch.export.export(model, args, strict=strict)
             break
         except Exception as e:  # noqa: BLE001  (export raises many unrelated types)
+            user_line = user_line or _model_line(model, e)
             errors.append(f"{'strict' if strict else 'non-strict'} export: {type(e).__name__}: {e}")
     if program is not None:
         return decompose_unruled(program.module(check_guards=False), has_rule)
     detail = "\n".join(line[:600] for line in errors)
-    raise UnsupportedOpError(f"torch.export could not capture {type(model).__name__}:\n{detail}\n"
+    where = f" at {user_line}" if user_line else ""
+    raise UnsupportedOpError(f"torch.export could not capture {type(model).__name__}{where}:\n{detail}\n"
                              "Make the forward exportable (no data-dependent control flow) and try again.")
+
+
+def _model_line(model: nn.Module, error: BaseException) -> str | None:
+    """The deepest line of the model's own source file in ``error``'s traceback (where export gave up)."""
+    try:
+        source = inspect.getsourcefile(type(model))
+    except TypeError:
+        return None
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
+    return f"{frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else None
 
 
 def _reject_unfolded_batch_norm(gm: GraphModule) -> None:

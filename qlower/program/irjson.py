@@ -32,7 +32,7 @@ import numpy as np
 from qlower.errors import InvalidProgramError, IRError, VerificationError
 from qlower.ir import OPS, DType, Graph, Op, Origin, QuantSpec, TensorType, Value, verify
 from qlower.ir.opdefs import infer_types, normalize_attrs
-from qlower.reference.aten_fallback import check_call, is_core_aten
+from qlower.reference.aten_fallback import check_call
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_DIM = 2**31 - 1
@@ -113,7 +113,9 @@ class TensorWriter:
     def add(self, array: np.ndarray | bytes) -> str:
         key = self._keys.get(id(array))
         if key is None:
-            data = np.frombuffer(array, np.uint8) if isinstance(array, bytes) else np.ascontiguousarray(array)
+            # (ascontiguousarray alone would turn a 0-d array into a 1-d one)
+            data = np.frombuffer(array, np.uint8) if isinstance(array, bytes) else \
+                np.ascontiguousarray(array).reshape(np.shape(array))
             key = f"t{len(self.arrays)}"
             self.arrays[key] = data
             self._keys[id(array)] = key
@@ -269,7 +271,6 @@ _DTYPE = ("a DType", lambda v: isinstance(v, DType))
 _ARRAY = ("an array", lambda v: isinstance(v, np.ndarray))
 _TYPES = ("a tuple of TensorTypes", lambda v: isinstance(v, tuple) and all(isinstance(t, TensorType) for t in v))
 _STRS = ("a tuple of strings", lambda v: isinstance(v, tuple) and all(type(e) is str for e in v))
-_CORE_ATEN = ("a deterministic op of PyTorch's core ATen op set", is_core_aten)
 _POOL = {"kernel": _INTS2, "stride": _INTS2, "pad": _INTS4}
 
 # What each attribute of each op kind must hold (attributes of ops not listed here are
@@ -294,7 +295,7 @@ ATTR_CHECKS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
     "dynamic_quantize": {"granularity": _STR, "dtype": _DTYPE, "qmax": _INT},
     "cast": {"dtype": _DTYPE, "out": _OPT_QUANT},
     "softmax": {"axis": _INT},
-    "aten": {"target": _CORE_ATEN, "args": _STR, "in_dtypes": _STRS, "out_types": _TYPES, "out_dtypes": _STRS},
+    "aten": {"target": _STR, "args": _STR, "in_dtypes": _STRS, "out_types": _TYPES, "out_dtypes": _STRS},
     "delegate": {"partition": _STR, "in_types": _TYPES, "out_types": _TYPES},
 }
 

@@ -164,12 +164,25 @@ def decode_call(text: str, tensors: Sequence[torch.Tensor]) -> tuple[list, dict]
 
 
 def check_call(op: Op) -> str | None:
-    """Why ``op``'s stored call can't be run (target or arguments), or None."""
+    """Why ``op``'s stored call can't be run, or None: the target, the arguments, and the result
+    types the op really produces (computed on meta tensors: no data is touched)."""
     try:
-        resolve(op.attrs["target"])
-        decode_call(op.attrs["args"], [torch.empty(0)] * len(op.operands[0]))
+        fn = resolve(op.attrs["target"])
+        metas = [torch.empty(v.shape, dtype=TORCH_DTYPES[d], device="meta")
+                 for v, d in zip(op.operands[0], op.attrs["in_dtypes"])]
+        args, kwargs = decode_call(op.attrs["args"], metas)
     except InvalidProgramError as e:
         return str(e)
+    try:
+        with torch.no_grad():
+            out = fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - any failure of the op on these arguments makes the call invalid
+        return f"{op.attrs['target']} rejects its stored arguments: {type(e).__name__}: {str(e)[:160]}"
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    got = [(tuple(o.shape), _DTYPE_NAMES.get(o.dtype)) if isinstance(o, torch.Tensor) else None for o in outs]
+    want = [(t.shape, d) for t, d in zip(op.attrs["out_types"], op.attrs["out_dtypes"])]
+    if got != want:
+        return f"{op.attrs['target']} produces {got}, but its results are typed {want}"
     return None
 
 

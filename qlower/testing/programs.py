@@ -22,6 +22,7 @@ from qlower.backends.base import Backend, Payload, Verdict
 from qlower.ir import DType, Graph, GraphBuilder, Origin, QuantSpec, TensorType, verify
 from qlower.partition import partition
 from qlower.program.program import Program
+from qlower.reference.aten_fallback import Operand, encode_call
 
 BLOB_TARGET = "qlower-test-blob"
 INT32 = DType.INT32
@@ -101,7 +102,8 @@ def movement_graph() -> Graph:
 
 def dynamic_graph() -> Graph:
     """Dynamic per-row quantization into a per-channel fully_connected, float ops, static
-    quantize (int16), a float clamp to +inf, a -0.0 pad value and a boolean constant output."""
+    quantize (int16), a float clamp to +inf, a -0.0 pad value, a boolean constant output and a
+    two-result float fallback (``aten.max.dim``)."""
     rng = np.random.default_rng(12)
     b = GraphBuilder("dynamic")
     x = b.input("x", TensorType((2, 6), DType.FLOAT32), Origin("x", "", "model.py:5"))
@@ -126,7 +128,12 @@ def dynamic_graph() -> Graph:
     q16 = b.op("quantize", pd, out=QuantSpec.per_tensor(1 / 4096, 7, DType.INT16), name="q16")
     dq16 = b.op("dequantize", q16, None, name="dq16")
     flags = b.constant(np.array([True, False, True]), name="flags")
-    return verify(b.build([dq16, flags]))
+    # a float fallback with two results (values and int64 indices, held as plain int32)
+    top, where = b.op("aten", (dq16,), target="aten.max.dim", args=encode_call([Operand(0), 1, True], {}),
+                      in_dtypes=("float32",), out_dtypes=("float32", "int64"), name="top",
+                      out_types=(TensorType((2, 1), DType.FLOAT32),
+                                 TensorType((2, 1), INT32, QuantSpec.plain_integer(INT32))))
+    return verify(b.build([dq16, flags, top, where]))
 
 
 class BlobBackend(Backend):
