@@ -233,3 +233,14 @@ def test_composite_ops_are_decomposed_into_integer_pieces():
     np.testing.assert_array_equal(prog.run(x)[0], want)
     with torch.no_grad():
         assert np.abs(want - model(x).numpy()).max() < 0.1
+
+
+def test_verification_report_names_fallbacks(mixed, tmp_path):
+    model, x, calibration = mixed
+    report = qlower.verify(model, (x,), target="tosa-1.0+int", calibration=calibration, progress=False)
+    assert report.ok, report.problems
+    cumsum = next(f for f in report.float_fallbacks if f["op"] == "aten.cumsum.default")
+    assert _line_of(Mixed.forward, "torch.cumsum") in cumsum["source"]
+    assert "runs in float on the host" in str(report)
+    html = report.write_html(tmp_path / "r.html").read_text()
+    assert "id='fallbacks'" in html and "aten.cumsum.default" in html

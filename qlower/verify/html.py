@@ -119,6 +119,12 @@ def render_html(report: VerificationReport) -> str:
         f"{part_rows}</table>" if report.partitions else
         "<p id='partitions'>No delegated partitions: every op runs in the host's CPU plan.</p>")
     problems = "".join(f"<li>{html.escape(p)}</li>" for p in report.problems)
+    fallback_rows = "".join(
+        f"<tr><td>%{html.escape(f['value'])}</td><td>{html.escape(f['op'])}</td><td>{html.escape(f['source'])}</td>"
+        f"<td>{html.escape(f['reason'])}</td></tr>" for f in report.float_fallbacks)
+    fallbacks = (
+        "<h2>Float on the host</h2><table id='fallbacks'><tr><th>value</th><th>op</th><th>source</th>"
+        f"<th>reason</th></tr>{fallback_rows}</table>" if report.float_fallbacks else "")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>qlower verify — {html.escape(report.target)}</title>
 <style>
@@ -131,6 +137,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} tr.inside td:first-child 
 <h2>Per-layer error</h2>{_img(error_plot(report), "per-layer error plot")}
 <h2>Partitioning</h2>{_img(partition_picture(report), "partitioning")}
 {partitions}
+{fallbacks}
 <h2>Layers</h2>
 <table id="layers"><tr><th>layer</th><th>source</th><th>type</th><th>isolated steps</th>
 <th>end-to-end steps</th><th>exact %</th>

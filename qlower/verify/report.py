@@ -54,6 +54,8 @@ class VerificationReport:
     dynamic: bool = False
     partitions: list[dict] = field(default_factory=list)   # name, backend, target, ops, inputs, outputs
     placement: list[tuple[str, str]] = field(default_factory=list)  # (op kind, partition name or "host")
+    # ops without an integer rule, run in float on the host: value, op (aten name), source, reason
+    float_fallbacks: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -91,7 +93,7 @@ class VerificationReport:
 
     def as_dict(self) -> dict:
         return {"target": self.target, "ok": self.ok, "problems": self.problems,
-                "partitions": self.partitions, "placement": self.placement,
+                "partitions": self.partitions, "placement": self.placement, "float_fallbacks": self.float_fallbacks,
                 "layers": [r.as_dict() for r in self.layers], "outputs": [o.as_dict() for o in self.outputs]}
 
     def to_json(self) -> str:
@@ -119,6 +121,10 @@ class VerificationReport:
         buf = io.StringIO()
         console = Console(file=buf, width=width, force_terminal=False, color_system=None)
         console.print(t)
+        if self.float_fallbacks:
+            console.print(f"{len(self.float_fallbacks)} op(s) run in float on the host:")
+            for f in self.float_fallbacks:
+                console.print(f"  %{f['value']} = {f['op']}  at {f['source'] or '<no source>'}: {f['reason']}")
         console.print("verdict: " + ("OK" if self.ok else "FAILED\n  " + "\n  ".join(self.problems)))
         return buf.getvalue()
 

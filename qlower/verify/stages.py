@@ -158,8 +158,11 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
                    "ops": sum(1 for op in p.subgraph.ops if op.kind != "constant"),
                    "inputs": [str(t) for t in p.input_types], "outputs": [str(t) for t in p.output_types]}
                   for p in program.partitions]
+    fallbacks = [{"value": d.op.results[0].name, "op": d.op.attrs["target"],
+                  "source": d.op.results[0].origin.describe() if d.op.results[0].origin else "", "reason": d.reason}
+                 for d in program.decisions if d.op.kind == "aten"]
     return VerificationReport(program.target, rows, outputs, dynamic=program.meta.get("quant") == "dynamic",
-                              partitions=partitions, placement=placement)
+                              partitions=partitions, placement=placement, float_fallbacks=fallbacks)
 
 
 def _output_step(graph: Graph, out: Value) -> float | None:
