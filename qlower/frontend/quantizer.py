@@ -54,6 +54,8 @@ from qlower.frontend.source import module_paths
 aten = torch.ops.aten
 
 GEMM = {aten.conv1d, aten.conv2d, aten.linear}
+# weights whose output channels are axis 1: transposed convs ([in, out/groups, k...]) and addmm's mat2 [K, N]
+GEMM_AXIS1 = {aten.conv_transpose1d, aten.conv_transpose2d, aten.addmm}
 MATMUL = {aten.matmul, aten.bmm, aten.mm}
 ACTIVATIONS = {aten.relu, aten.relu_, aten.relu6, aten.hardtanh, aten.hardtanh_, aten.clamp}
 BINARY = {aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.div, aten.div_}
@@ -111,6 +113,11 @@ class QlowerQuantizer(Quantizer):
             self.weight = QuantizationSpec(
                 dtype=torch.int8, quant_min=c.weight_qmin, quant_max=c.weight_qmax,
                 qscheme=torch.per_tensor_symmetric, observer_or_fake_quant_ctr=MinMaxObserver)
+        self.weight_axis1 = self.weight
+        if c.per_channel:
+            self.weight_axis1 = QuantizationSpec(
+                dtype=torch.int8, quant_min=c.weight_qmin, quant_max=c.weight_qmax,
+                qscheme=torch.per_channel_symmetric, ch_axis=1, observer_or_fake_quant_ctr=PerChannelMinMaxObserver)
         self.dyn_qmax = c.act_qmax
         self._node_overrides: dict[Node, FixedQParams] = {}
         self._edge_overrides: dict[tuple[Node, Node], FixedQParams] = {}
@@ -183,6 +190,14 @@ class QlowerQuantizer(Quantizer):
                     continue  # weight computed at run time: left float (the importer reports it)
                 fused = self._fusable_activation(n)
                 _annotate(n, {n.args[0]: act, n.args[1]: self.weight}, None if fused else act)
+                if fused is not None:
+                    _annotate(fused, {}, act)
+            elif p in GEMM_AXIS1:
+                x, w = (n.args[1], n.args[2]) if p is aten.addmm else (n.args[0], n.args[1])
+                if not isinstance(w, Node) or w not in const or not isinstance(x, Node):
+                    continue  # weight computed at run time: left float
+                fused = self._fusable_activation(n)
+                _annotate(n, {x: act, w: self.weight_axis1}, None if fused else act)
                 if fused is not None:
                     _annotate(fused, {}, act)
             elif p in MATMUL:

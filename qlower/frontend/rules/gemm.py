@@ -18,6 +18,7 @@ import torch
 from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.rules import register
+from qlower.frontend.rules.movement import reshape_to
 from qlower.ir import QuantSpec, Value
 
 aten = torch.ops.aten
@@ -169,29 +170,88 @@ def linear(ctx: ImportContext, node, input: Ref, weight: Ref, bias: Ref | None =
 
 @register(aten.matmul, aten.bmm, aten.mm)
 def matmul(ctx: ImportContext, node, input: Ref, other: Ref | None = None, mat2: Ref | None = None, **_):
+    """PyTorch matmul semantics: a 1-D left operand is a row ``[1, K]``, a 1-D right operand a column
+    ``[K, 1]`` (the dim is removed from the result); batch dims broadcast. A rank-2 right operand
+    under a batched left one flattens the batch into rows; other broadcast batch dims are
+    replicated (``concat``), so the IR matmul always sees equal batch dims."""
     a, b = input, other if other is not None else mat2
-    if a.rank < 2 or b.rank < 2:
-        raise ctx.unsupported("matmul with a 1-D operand; reshape it to 2-D in the model")
-    sa, sb = a.torch_shape, b.torch_shape
-    flatten = b.rank == 2 and a.rank > 2
-    if not flatten and (a.rank != b.rank or sa[:-2] != sb[:-2]):
-        raise ctx.unsupported(f"matmul of {list(sa)} and {list(sb)}: batch dims must be equal (no broadcasting)")
+    out_shape = tuple(int(d) for d in node.meta["val"].shape)
     dynamic = a.scale is not None or b.scale is not None
-    if dynamic and (a.scale is None or b.scale is None or flatten):
-        raise ctx.unsupported("dynamic matmul needs both operands quantized at run time and equal ranks")
-    quantized = a.is_quantized and b.is_quantized and not dynamic
-    place = ctx.value_in if (quantized or dynamic) else ctx.as_float
-    va, vb = place(a, layout.identity(a.rank)), place(b, layout.identity(b.rank))
-    out_shape = tuple(sa[:-1]) + (sb[-1],)
-    if flatten:
-        va = ctx.emit("reshape", va, perm=(), shape=(int(np.prod(sa[:-1])), sa[-1]))
-    acc = ctx.emit("matmul", va, vb, perm=layout.identity(len(out_shape)))
     if dynamic:
-        scale = ctx.emit("mul", a.scale, b.scale, perm=())
-        return Ref.of(ctx.emit("dequantize", acc, scale, perm=layout.identity(len(out_shape))),
-                      layout.identity(len(out_shape)))
-    perm = layout.identity(len(out_shape))
-    if flatten:
-        acc = ctx.emit("reshape", acc, perm=perm, shape=out_shape)
-    return ctx.requant(acc, perm) if quantized else Ref.of(acc, perm)
+        return _dynamic_matmul(ctx, a, b)
+    if a.rank == 1:
+        a = reshape_to(ctx, a, (1,) + a.torch_shape)
+    if b.rank == 1:
+        b = reshape_to(ctx, b, b.torch_shape + (1,))
+    sa, sb = a.torch_shape, b.torch_shape
+    quantized = a.is_quantized and b.is_quantized
+    if quantized and (a.spec.is_per_channel or b.spec.is_per_channel):
+        quantized = False
+    place = ctx.value_in if quantized else ctx.as_float
+    if b.rank == 2 and a.rank > 2:  # [..., M, K] @ [K, N]: rows of one 2-D matmul
+        va = reshape_to(ctx, a, (int(np.prod(sa[:-1])), sa[-1]))
+        va, vb = place(va, (0, 1)), place(b, (0, 1))
+    else:
+        batch = tuple(torch.broadcast_shapes(sa[:-2], sb[:-2]))
+        va = place(_broadcast_batch(ctx, a, batch), layout.identity(len(batch) + 2))
+        vb = place(_broadcast_batch(ctx, b, batch), layout.identity(len(batch) + 2))
+    acc = ctx.emit("matmul", va, vb, perm=layout.identity(va.type.rank))
+    result = ctx.requant(acc, layout.identity(acc.type.rank)) if quantized else Ref.of(acc, layout.identity(acc.type.rank))
+    if result.torch_shape != out_shape:
+        result = reshape_to(ctx, result, out_shape)
+    return result
 
+
+def _broadcast_batch(ctx: ImportContext, x: Ref, batch: tuple[int, ...]) -> Ref:
+    """``x[..., M, K]`` with its batch dims broadcast to ``batch`` (leading 1s, then copies)."""
+    shape = x.torch_shape
+    k = len(batch) - (len(shape) - 2)
+    if k:
+        x = reshape_to(ctx, x, (1,) * k + shape)
+    for d, n in enumerate(batch):
+        if x.torch_shape[d] != n:
+            x = repeat(ctx, x, d, n)
+    return x
+
+
+def repeat(ctx: ImportContext, x: Ref, dim: int, n: int) -> Ref:
+    """``n`` copies of ``x`` along PyTorch ``dim`` (a ``concat`` of one value: its domain is kept)."""
+    if x.is_const:
+        return Ref(data=np.concatenate([x.data] * n, axis=dim), perm=x.perm, quant=x.quant, origin=x.origin)
+    v = ctx.value_in(x) if x.is_quantized else ctx.as_float(x)
+    return Ref.of(ctx.emit("concat", (v,) * n, perm=x.perm, axis=layout.ir_axis(x.perm, dim)), x.perm)
+
+
+def _dynamic_matmul(ctx: ImportContext, a: Ref, b: Ref) -> Ref:
+    sa, sb = a.torch_shape, b.torch_shape
+    if a.scale is None or b.scale is None or a.rank < 2 or a.rank != b.rank or sa[:-2] != sb[:-2]:
+        raise ctx.unsupported("dynamic matmul needs both operands quantized at run time, equal ranks "
+                              "and equal batch dims")
+    va, vb = ctx.value_in(a, layout.identity(a.rank)), ctx.value_in(b, layout.identity(b.rank))
+    perm = layout.identity(a.rank)
+    acc = ctx.emit("matmul", va, vb, perm=perm)
+    scale = ctx.emit("mul", a.scale, b.scale, perm=())
+    return Ref.of(ctx.emit("dequantize", acc, scale, perm=perm), perm)
+
+
+@register(aten.addmm)
+def addmm(ctx: ImportContext, node, input: Ref, mat1: Ref, mat2: Ref, beta=1, alpha=1, **_):
+    """``beta * bias + mat1 @ mat2`` with a constant ``mat2 [K, N]`` (a decomposed linear): a
+    fully connected layer with weight ``mat2.T`` (per-channel scales on mat2's axis 1)."""
+    if not mat2.is_const or mat2.data.ndim != 2 or mat1.rank != 2:
+        raise ctx.unsupported("addmm with a run-time mat2 runs as a float matmul")
+    if alpha != 1:
+        raise ctx.unsupported(f"addmm with alpha={alpha}")
+    n = mat2.data.shape[1]
+    bias = None
+    if input is not None and beta != 0:
+        if not input.is_float_const or input.data.size != n or input.data.shape[-1:] != (n,):
+            raise ctx.unsupported("addmm's added term must be a float constant of one value per output column")
+        bias = Ref.constant((input.data.reshape(n) * beta).astype(np.float32), origin=input.origin)
+    quant = mat2.quant
+    if quant is not None and quant.is_per_channel:
+        if quant.axis != 1:
+            raise ctx.unsupported("addmm's mat2 must be quantized per output column (axis 1)")
+        quant = quant.with_axis(0)
+    weight = Ref(data=np.ascontiguousarray(mat2.data.T), perm=(0, 1), quant=quant, origin=mat2.origin)
+    return linear(ctx, node, mat1, weight, bias)
