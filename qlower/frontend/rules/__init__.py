@@ -14,6 +14,9 @@ from collections.abc import Callable
 
 Rule = Callable[..., object]
 RULES: dict[object, Rule] = {}
+# Non-core ops whose rule only handles statically quantized tensors (as a lookup table): elsewhere
+# (float or dynamic import) they are decomposed into core ops before quantization, like ops without a rule.
+STATIC_ONLY: set[object] = set()
 
 
 def register(*targets: object) -> Callable[[Rule], Rule]:
@@ -31,8 +34,11 @@ def rule_for(target: object) -> Rule | None:
     return rule if rule is not None else RULES.get(target)
 
 
-def has_rule(target: object) -> bool:
+def has_rule(target: object, static: bool = True) -> bool:
+    """Whether ``target`` reaches a rule (``static``: in a statically quantized import)."""
     load_all()
+    if not static and getattr(target, "overloadpacket", target) in STATIC_ONLY:
+        return False
     return rule_for(target) is not None
 
 
@@ -41,8 +47,11 @@ def load_all() -> None:
     from qlower.frontend.rules import (  # noqa: F401
         elementwise,
         gemm,
+        indexing,
         movement,
+        pointwise,
         pooling,
         quantization,
         softmax,
+        transpose_conv,
     )
