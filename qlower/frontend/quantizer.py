@@ -27,6 +27,7 @@ kxk window mixes pixels, so a per-pixel scale would not factor out of the sum).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterable
 
 import torch
@@ -65,16 +66,38 @@ SHARED = {
     aten.max_pool2d, aten.slice, aten.select, aten.pad, aten.constant_pad_nd, aten.squeeze,
     aten.unsqueeze, aten.alias, aten.contiguous, aten.clone, aten.dropout, aten.expand, aten.detach, aten.unflatten,
 }
+# more data movement (rules/indexing.py, rules/movement.py): the result keeps its input's domain
+SHARED |= {aten.flip, aten.roll, aten.repeat, aten.index_select, aten.gather, aten.reflection_pad1d,
+           aten.reflection_pad2d, aten.replication_pad1d, aten.replication_pad2d}
+# several results, read through getitem nodes, each in the input's domain
+SPLIT = {aten.split, aten.split_with_sizes, aten.unbind}
+# a constant table read at integer ids: the table quantized per tensor, the rows read keep its domain
+LOOKUP = {aten.embedding}
 OWN_OUTPUT = {
     aten.avg_pool2d, aten.adaptive_avg_pool2d, aten.mean, aten.sum, aten.softmax, aten._softmax,
     aten.sigmoid, aten.tanh, aten.hardswish, aten.hardswish_, aten.hardsigmoid, aten.gelu, aten.silu,
     aten.exp, aten.elu, aten.leaky_relu,
+}
+# unary ops imported as lookup tables (rules/pointwise.py): own input and output domains
+OWN_OUTPUT |= {
+    aten.abs, aten.abs_, aten.neg, aten.neg_, aten.sqrt, aten.sqrt_, aten.rsqrt, aten.rsqrt_, aten.log, aten.log_,
+    aten.reciprocal, aten.reciprocal_, aten.exp_, aten.pow, aten.pow_, aten.leaky_relu_, aten.elu_, aten.gelu_,
+    aten.silu_, aten.mish, aten.mish_, aten.hardsigmoid_, aten.softplus, aten.celu, aten.celu_, aten.selu,
+    aten.selu_, aten.sigmoid_, aten.tanh_, aten.log_sigmoid,
 }
 
 
 def packet(node: Node):
     """The OpOverloadPacket of an aten call (so .default/.Tensor/.int overloads match alike)."""
     return getattr(node.target, "overloadpacket", None) if node.op == "call_function" else None
+
+
+def _is_float(x: object) -> bool:
+    """A node that may hold a float tensor (integer ids, indices and masks are never quantized)."""
+    if not isinstance(x, Node):
+        return False
+    val = x.meta.get("val")
+    return not isinstance(val, torch.Tensor) or val.dtype.is_floating_point
 
 
 def _annotate(node: Node, inputs: dict[Node, object], output: object = None, share: bool = True) -> None:
@@ -214,9 +237,20 @@ class QlowerQuantizer(Quantizer):
                 _annotate(n, {a: act if i == 0 else shared for i, a in enumerate(tensors)}, shared)
             elif p in SHARED:
                 x = n.args[0]
-                if isinstance(x, Node) and n not in const:  # constants stay float until a consumer quantizes
+                if _is_float(x) and n not in const:  # constants stay float until a consumer quantizes
                     _annotate(n, {x: act}, SharedQuantizationSpec((x, n)))
-            elif p in ACTIVATIONS or p in OWN_OUTPUT:
+            elif p in SPLIT:
+                x = n.args[0]
+                if _is_float(x) and n not in const:
+                    _annotate(n, {x: act})
+                    for item in n.users:
+                        if item.op == "call_function" and item.target is operator.getitem:
+                            _annotate(item, {}, SharedQuantizationSpec((x, n)))
+            elif p in LOOKUP:
+                table = n.args[0]
+                if _is_float(table) and table in const and n not in const:
+                    _annotate(n, {table: act}, SharedQuantizationSpec((table, n)))
+            elif (p in ACTIVATIONS or p in OWN_OUTPUT) and _is_float(n.args[0]):
                 _annotate(n, {n.args[0]: act}, act)
 
     # -- fixed overrides -----------------------------------------------------------------

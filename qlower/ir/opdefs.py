@@ -377,6 +377,24 @@ def _slice(ops, attrs):
     return (TensorType(tuple(shape), x.dtype, quant),)
 
 
+@register("gather", ("input", "indices"), axis=REQUIRED)
+def _gather(ops, attrs):
+    """``numpy.take(input, indices, axis)``: ``out.shape = in.shape[:axis] + indices.shape + in.shape[axis+1:]``.
+    Indices are int32 integers (scale 1, zero point 0) that must lie in ``[0, in.shape[axis])`` (anything
+    else is an execution error); their type's ``[qmin, qmax]`` narrower than int32 states a proven range
+    (constant indices), which backends without a run-time check rely on."""
+    x, idx = ops
+    axis = attrs["axis"]
+    if not isinstance(axis, int) or not 0 <= axis < x.rank:
+        raise _fail("gather", f"axis {axis} out of range for {x.shape}")
+    q = idx.quant
+    if idx.dtype is not DType.INT32 or q is None or q.scale != (1.0,) or q.zero_point != (0,) or q.axis is not None \
+            or q.dynamic:
+        raise _fail("gather", f"indices must be int32 integers (scale 1, zero point 0), got {idx}")
+    shape = tuple(x.shape[:axis]) + tuple(idx.shape) + tuple(x.shape[axis + 1:])
+    return (_unchanged_quant("gather", x, shape),)
+
+
 def _pool(kind):
     def infer(ops, attrs):
         (x,) = ops
@@ -426,6 +444,37 @@ def _reduce_max(ops, attrs):
     shape = list(x.shape)
     shape[attrs["axis"]] = 1
     return (_unchanged_quant("reduce_max", x, tuple(shape)),)
+
+
+@register("reduce_min", ("input",), axis=REQUIRED)
+def _reduce_min(ops, attrs):
+    """Min along ``axis`` keeping the dim."""
+    (x,) = ops
+    shape = list(x.shape)
+    shape[attrs["axis"]] = 1
+    return (_unchanged_quant("reduce_min", x, tuple(shape)),)
+
+
+def _arg_reduce(kind):
+    def infer(ops, attrs):
+        (x,) = ops
+        axis = attrs["axis"]
+        q = _require_quantized(kind, x, DType.INT8, DType.INT16, DType.INT32)
+        if q.is_per_channel:
+            raise _fail(kind, "codes quantized per channel don't compare across the axis")
+        if not isinstance(axis, int) or not 0 <= axis < x.rank:
+            raise _fail(kind, f"axis {axis} out of range for {x.shape}")
+        shape = list(x.shape)
+        shape[axis] = 1
+        return (TensorType(tuple(shape), DType.INT32, QuantSpec.plain_integer(DType.INT32)),)
+    which = "largest" if kind == "argmax" else "smallest"
+    infer.__doc__ = (f"Index of the {which} code along ``axis`` (the first one on ties), keeping the dim; "
+                     "per-tensor codes in, plain int32 out.")
+    return infer
+
+
+register("argmax", ("input",), axis=REQUIRED)(_arg_reduce("argmax"))
+register("argmin", ("input",), axis=REQUIRED)(_arg_reduce("argmin"))
 
 
 @register("table", ("input",), table=REQUIRED, offset=REQUIRED, out=REQUIRED)

@@ -1,4 +1,4 @@
-"""Reference semantics of ops that only move codes: concat, reshape, transpose, pad, slice."""
+"""Reference semantics of ops that only move codes: concat, reshape, transpose, pad, slice, gather."""
 
 from __future__ import annotations
 
@@ -40,3 +40,15 @@ def _slice(op: Op, x):
     a = op.attrs
     step = a["step"] or (1,) * x.ndim
     return np.ascontiguousarray(x[tuple(slice(s0, s1, st) for s0, s1, st in zip(a["start"], a["stop"], step))])
+
+
+@kernel("gather")
+def _gather(op: Op, x, indices):
+    axis = op.attrs["axis"]
+    size = x.shape[axis]
+    idx = np.asarray(indices, dtype=np.int64)
+    bad = idx[(idx < 0) | (idx >= size)]
+    if bad.size:
+        raise ValueError(f"index {int(bad.flat[0])} is out of range for axis {axis} of size {size} "
+                         f"(valid indices: 0..{size - 1})")
+    return np.ascontiguousarray(np.take(x, idx, axis=axis))

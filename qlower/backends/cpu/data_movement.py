@@ -1,4 +1,4 @@
-"""Kernels that only move codes: constant, concat, reshape, transpose, pad, slice.
+"""Kernels that only move codes: constant, concat, reshape, transpose, pad, slice, gather.
 
 Results may be views of their operand; that is safe because no kernel writes
 into a tensor it received.
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from qlower.backends.cpu.context import BuildContext, Kernel, builder
-from qlower.backends.cpu.tensor_utils import constant_tensor
+from qlower.backends.cpu.tensor_utils import constant_tensor, execution_error
 from qlower.ir import Op
 
 
@@ -52,3 +52,21 @@ def _slice(op: Op, ctx: BuildContext) -> Kernel:
     step = a["step"] or (1,) * len(a["start"])
     index = tuple(slice(s0, s1, st) for s0, s1, st in zip(a["start"], a["stop"], step))
     return lambda x: x[index].contiguous()
+
+
+@builder("gather")
+def _gather(op: Op, ctx: BuildContext) -> Kernel:
+    axis = op.attrs["axis"]
+    size = op.operands[0].shape[axis]
+    shape = tuple(op.result.shape)
+
+    def run(x: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+        flat = indices.reshape(-1).long()
+        if flat.numel():
+            lo, hi = torch.aminmax(flat)
+            if int(lo) < 0 or int(hi) >= size:
+                bad = int(lo) if int(lo) < 0 else int(hi)
+                raise execution_error(op, f"index {bad} is out of range for axis {axis} of size {size} "
+                                          f"(valid indices: 0..{size - 1})")
+        return torch.index_select(x, axis, flat).reshape(shape)
+    return run

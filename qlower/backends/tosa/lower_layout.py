@@ -1,5 +1,5 @@
 """Lowerings of ops that move or reduce codes: constant, reshape, transpose, concat, pad,
-slice, pooling and reductions.
+slice, gather, pooling and reductions.
 
 These are exact in both the IR and TOSA. Two IR forms have no single TOSA
 operator: a strided slice (SLICE, then per strided axis RESHAPE into
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import tosa_serializer as ts
 
 from qlower.backends.tosa.lowering import Lowerer, lowering
@@ -117,3 +118,19 @@ def _reduce_max(lw: Lowerer, op: Op) -> Tensor:
     x = lw.t(op.operands[0])
     return lw.emit(Op_.REDUCE_MAX, [x], op.result.shape, x.dtype,
                    attr("ReduceMax", op.attrs["axis"] % x.rank, ts.NanPropagationMode.PROPAGATE))
+
+
+@lowering("gather")
+def _gather(lw: Lowerer, op: Op) -> Tensor:
+    """GATHER reads values [N, K, C] and int32 indices [N, W]: the IR axis splits the input into
+    (outer, axis, inner) with no data moved; the constant indices are repeated for every outer row."""
+    x, idx = lw.t(op.operands[0]), lw.t(op.operands[1])
+    axis = op.attrs["axis"]
+    outer, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
+    width, size = math.prod(idx.shape), x.shape[axis]
+    if not idx.is_const or (idx.data.size and not (0 <= idx.data.min() and idx.data.max() < size)):
+        raise ValueError(f"GATHER indices must be constants in 0..{size - 1} (support() takes no others)")
+    values = lw.reshape(x, (outer, size, inner))
+    indices = lw.w.const(np.tile(idx.data.reshape(1, width), (outer, 1)), idx.dtype)
+    out = lw.emit(Op_.GATHER, [values, indices], (outer, width, inner), x.dtype, attr("Gather"))
+    return lw.reshape(out, op.result.shape)

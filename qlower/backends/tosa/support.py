@@ -222,11 +222,31 @@ def _quantize(op: Op, profile: Profile) -> str | None:
     return None
 
 
+@_check("gather")
+def _gather(op: Op, profile: Profile) -> str | None:
+    """GATHER on values reshaped to [outer, axis, inner]. An index outside the axis is undefined in TOSA
+    (the reference model aborts, an NPU reads out of bounds), so only indices whose type proves them in
+    range (constants) are taken; token ids and other run-time indices are checked on the host."""
+    size, q = op.operands[0].type.shape[op.attrs["axis"]], op.operands[1].type.quant
+    if not 0 <= q.qmin <= q.qmax < size:
+        return (f"run-time indices: TOSA GATHER has no check for an index outside 0..{size - 1}, "
+                "so the lookup runs on the host, which reports such an index as an error")
+    return None
+
+
+@_check("argmax", "argmin")
+def _arg_reduce(op: Op, profile: Profile) -> str | None:
+    x = op.operands[0].type
+    if x.dtype not in (DType.INT8, DType.INT16):
+        return f"{x.dtype.value} codes: TOSA 1.0 INT takes ARGMAX of int8 and int16 only"
+    return None
+
+
 def _yes(op: Op, profile: Profile) -> str | None:
     return None
 
 
 for _kind in ("add", "sub", "intdiv", "concat", "reshape", "transpose", "slice", "reduce_sum",
-              "reduce_max", "table", "dequantize", "cast", "sigmoid", "tanh", "exp", "erf", "reciprocal",
+              "reduce_max", "reduce_min", "table", "dequantize", "cast", "sigmoid", "tanh", "exp", "erf", "reciprocal",
               "softmax"):
     _check(_kind)(_yes)

@@ -1,4 +1,5 @@
-"""Ops that only move elements: reshapes, permutes, slices, padding, concatenation, expand, identities.
+"""Ops that only move elements: reshapes, permutes, slices, padding (constant, reflect, replicate, circular),
+concatenation, expand, identities.
 
 Quantized operands keep their QuantSpec (the quantizer puts these ops in their
 input's domain). ``permute`` / ``transpose`` move no data: they change the
@@ -129,10 +130,49 @@ def select(ctx: ImportContext, node, input: Ref, dim, index, **_):
     return Ref.of(ctx.emit("reshape", x.value, perm=perm, shape=ir), perm)
 
 
+def _edge_pad(ctx: ImportContext, x: Ref, pad, mode: str) -> Ref:
+    """Reflect / replicate / circular padding as slices of ``x`` concatenated around it, one dim at a
+    time (exact: every element is a copy of an input element)."""
+    if len(pad) % 2 or len(pad) // 2 > x.rank:
+        raise ctx.unsupported(f"pad list {list(pad)} for a rank-{x.rank} tensor")
+    if x.spec is not None and x.spec.is_per_channel:
+        raise ctx.unsupported("padding a per-channel quantized tensor")
+    for i in range(len(pad) // 2):
+        d = x.rank - 1 - i
+        before, after, n = int(pad[2 * i]), int(pad[2 * i + 1]), x.torch_shape[d]
+        if before < 0 or after < 0:
+            raise ctx.unsupported(f"negative {mode} padding {list(pad)}")
+        if mode == "reflect":
+            if max(before, after) >= n:
+                raise ctx.unsupported(f"reflect padding {max(before, after)} of a dim of size {n}")
+            rows = list(range(before, 0, -1)) + [None] + list(range(n - 2, n - 2 - after, -1))
+        elif mode == "replicate":
+            rows = [0] * before + [None] + [n - 1] * after
+        else:  # circular
+            if max(before, after) > n:
+                raise ctx.unsupported(f"circular padding {max(before, after)} of a dim of size {n}")
+            rows = list(range(n - before, n)) + [None] + list(range(after))
+        if len(rows) > 1:
+            x = concat_refs(ctx, [x if r is None else slice_along(ctx, x, d, r, r + 1, 1) for r in rows], d)
+    return x
+
+
+_PAD_MODES = {"reflection_pad1d": "reflect", "reflection_pad2d": "reflect", "reflection_pad3d": "reflect",
+              "replication_pad1d": "replicate", "replication_pad2d": "replicate", "replication_pad3d": "replicate"}
+
+
+@register(aten.reflection_pad1d, aten.reflection_pad2d, aten.reflection_pad3d, aten.replication_pad1d,
+          aten.replication_pad2d, aten.replication_pad3d)
+def edge_pad(ctx: ImportContext, node, input: Ref, padding, **_):
+    return _edge_pad(ctx, _float_ref(ctx, input), padding, _PAD_MODES[node.target.overloadpacket.__name__])
+
+
 @register(aten.pad, aten.constant_pad_nd)
 def pad(ctx: ImportContext, node, input: Ref, pad, mode="constant", value=None, **_):
+    if mode in ("reflect", "replicate", "circular"):
+        return _edge_pad(ctx, _float_ref(ctx, input), pad, mode)
     if mode != "constant":
-        raise ctx.unsupported(f"padding mode '{mode}' (only constant padding is supported)")
+        raise ctx.unsupported(f"padding mode '{mode}'")
     x = _float_ref(ctx, input)
     if len(pad) % 2 or len(pad) // 2 > x.rank:
         raise ctx.unsupported(f"pad list {list(pad)} for a rank-{x.rank} tensor")
