@@ -12,7 +12,7 @@ import numpy as np
 
 from qlower.errors import ExecutionError, InputError
 from qlower.ir import Graph, Op, Value
-from qlower.reference import aten_fallback, data_movement, elementwise, linear, pooling, quantization  # noqa: F401  (register kernels)
+from qlower.reference import aten_fallback, data_movement, elementwise, linear, pooling, quantization, reductions  # noqa: F401  (register kernels)
 from qlower.reference.registry import KERNELS
 
 

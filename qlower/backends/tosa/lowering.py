@@ -249,4 +249,4 @@ def lower_graph(graph: Graph, profile: Profile) -> Lowered:
 
 
 # The per-op lowerings register themselves into LOWERINGS (they import this module).
-from qlower.backends.tosa import lower_elementwise, lower_layout, lower_linear, lower_quant  # noqa: E402, F401, I001
+from qlower.backends.tosa import lower_elementwise, lower_layout, lower_linear, lower_quant, lower_reductions  # noqa: E402, F401, I001

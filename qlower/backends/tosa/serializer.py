@@ -34,7 +34,8 @@ NUMPY_OF: dict[Any, type] = {DT.INT8: np.int8, DT.INT16: np.int16, DT.INT32: np.
 _NUMPY_TO_TOSA = {np.dtype(v): k for k, v in NUMPY_OF.items()}
 
 # Operators whose int16 forms belong to the EXT-INT16 extension (checked with tosa-opt).
-_INT16_EXTENSION_OPS = {"CLAMP", "MAX_POOL2D", "AVG_POOL2D", "CONCAT", "TABLE", "CONV2D", "DEPTHWISE_CONV2D", "MATMUL"}
+_INT16_EXTENSION_OPS = {"CLAMP", "MAX_POOL2D", "AVG_POOL2D", "CONCAT", "TABLE", "CONV2D", "DEPTHWISE_CONV2D", "MATMUL",
+                        "ARGMAX"}
 
 
 def tosa_dtype(dtype: DType) -> Any:
