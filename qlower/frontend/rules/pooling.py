@@ -22,6 +22,7 @@ from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.quantizer import packet
 from qlower.frontend.rules import register
 from qlower.frontend.rules.elementwise import _float_ref
+from qlower.frontend.rules.host import on_host
 from qlower.ir import DType, QuantSpec
 
 aten = torch.ops.aten
@@ -50,31 +51,64 @@ def _bottom_right_pad(size: int, out: int, k: int, s: int, p: int) -> int:
 @register(aten.max_pool2d)
 def max_pool2d(ctx: ImportContext, node, input: Ref, kernel_size, stride=(), padding=0, dilation=1,
                ceil_mode=False, **_):
-    if _pair(dilation) != (1, 1):
-        raise ctx.unsupported("max_pool2d with dilation")
-    k, p = _pair(kernel_size), _pair(padding)
+    k, p, d = _pair(kernel_size), _pair(padding), _pair(dilation)
     s = _pair(stride) if stride else k
     v = _nhwc(ctx, input)
     _, h, w, _ = v.shape
-    oh, ow = (int(d) for d in node.meta["val"].shape[-2:])
+    oh, ow = (int(n) for n in node.meta["val"].shape[-2:])
+    if d != (1, 1):
+        return Ref.of(_dilated_max(ctx, v, k, s, p, d, (oh, ow)), layout.NHWC)
     pad = (p[0], _bottom_right_pad(h, oh, k[0], s[0], p[0]), p[1], _bottom_right_pad(w, ow, k[1], s[1], p[1]))
     return Ref.of(ctx.emit("max_pool2d", v, perm=layout.NHWC, kernel=k, stride=s, pad=pad), layout.NHWC)
 
 
-def average(ctx: ImportContext, input: Ref, kernel, stride, pad, count_include_pad: bool) -> Ref:
-    if tuple(kernel) == tuple(input.torch_shape[-2:]) and not any(pad):  # global: sum, then one rounding
-        return reduce_dims(ctx, input, [2, 3], mean=True, keepdim=True)
+def _dilated_max(ctx: ImportContext, v, k, s, p, d, out) -> object:
+    """Dilated max pooling without a dilated pool: pad with the lowest code (it never wins: every
+    PyTorch window holds an input element), take each of the ``kh·kw`` taps as a strided slice,
+    lay the taps side by side along W of a ``[N·OH·OW, 1, taps, C]`` tensor and max-pool them."""
+    n, h, w, c = v.shape
+    (oh, ow), taps = out, k[0] * k[1]
+    lowest = v.quant.qmin if v.quant is not None else float(np.finfo(np.float32).min)
+    after = [max(0, (o - 1) * st + (kk - 1) * dd + 1 - size - pp)
+             for o, st, kk, dd, size, pp in zip(out, s, k, d, (h, w), p)]
+    if any(p) or any(after):
+        v = ctx.emit("pad", v, perm=layout.NHWC, pads=(0, 0, p[0], after[0], p[1], after[1], 0, 0), value=lowest)
+    pieces = []
+    for i in range(k[0]):
+        for j in range(k[1]):
+            start = (0, i * d[0], j * d[1], 0)
+            stop = (n, i * d[0] + (oh - 1) * s[0] + 1, j * d[1] + (ow - 1) * s[1] + 1, c)
+            tap = ctx.emit("slice", v, perm=layout.NHWC, start=start, stop=stop, step=(1, s[0], s[1], 1))
+            pieces.append(ctx.emit("reshape", tap, perm=layout.NHWC, shape=(n * oh * ow, 1, 1, c)))
+    side = ctx.emit("concat", tuple(pieces), perm=layout.NHWC, axis=2)
+    m = ctx.emit("max_pool2d", side, perm=layout.NHWC, kernel=(1, taps), stride=(1, taps))
+    return ctx.emit("reshape", m, perm=layout.NHWC, shape=(n, oh, ow, c))
+
+
+def _widened(ctx: ImportContext, input: Ref):
+    """The NHWC input, and for codes that the result requantizes, widened exactly to int16 (×128,
+    zero point 0) so that the average's own rounding is 1/256 of an input step."""
     v = _nhwc(ctx, input)
-    fill = 0.0
     if v.quant is not None:
         target = ctx.requant_target()
         if target is not None and target != v.quant:
             wide = QuantSpec.per_tensor(v.quant.scale[0] / WIDEN, 0, DType.INT16)
             v = ctx.rescale(v, wide, layout.NHWC)
-        fill = v.quant.zero_point[0]
+    return v
+
+
+def average(ctx: ImportContext, input: Ref, kernel, stride, pad, count_include_pad: bool,
+            extra: tuple[int, int] = (0, 0)) -> Ref:
+    """Average pool; ``pad`` (top, bottom, left, right) is counted when ``count_include_pad``,
+    ``extra`` bottom/right padding (ceil_mode's partial windows) never is."""
+    if tuple(kernel) == tuple(input.torch_shape[-2:]) and not any(pad) and not any(extra):
+        return reduce_dims(ctx, input, [2, 3], mean=True, keepdim=True)  # global: sum, then one rounding
+    v = _widened(ctx, input)
+    fill = v.quant.zero_point[0] if v.quant is not None else 0.0
     if count_include_pad and any(pad):
         v = ctx.emit("pad", v, perm=layout.NHWC, pads=(0, 0, pad[0], pad[1], pad[2], pad[3], 0, 0), value=fill)
         pad = (0, 0, 0, 0)
+    pad = (pad[0], pad[1] + extra[0], pad[2], pad[3] + extra[1])
     out = ctx.emit("avg_pool2d", v, perm=layout.NHWC, kernel=tuple(kernel), stride=tuple(stride), pad=tuple(pad))
     return ctx.requant(out, layout.NHWC)
 
@@ -82,25 +116,78 @@ def average(ctx: ImportContext, input: Ref, kernel, stride, pad, count_include_p
 @register(aten.avg_pool2d)
 def avg_pool2d(ctx: ImportContext, node, input: Ref, kernel_size, stride=(), padding=0, ceil_mode=False,
                count_include_pad=True, divisor_override=None, **_):
-    if divisor_override:
-        raise ctx.unsupported("avg_pool2d with divisor_override")
     k, p = _pair(kernel_size), _pair(padding)
     s = _pair(stride) if stride else k
     h, w = input.torch_shape[-2:]
     oh, ow = (int(d) for d in node.meta["val"].shape[-2:])
-    if ceil_mode and ((h + 2 * p[0] - k[0]) // s[0] + 1, (w + 2 * p[1] - k[1]) // s[1] + 1) != (oh, ow):
-        raise ctx.unsupported("avg_pool2d with ceil_mode adding partial windows")
-    return average(ctx, input, k, s, (p[0], p[0], p[1], p[1]), count_include_pad)
+    extra = (_bottom_right_pad(h, oh, k[0], s[0], p[0]) - p[0], _bottom_right_pad(w, ow, k[1], s[1], p[1]) - p[1])
+    if divisor_override:
+        return _window_sum(ctx, input, k, s, (p[0], p[0] + extra[0], p[1], p[1] + extra[1]), int(divisor_override))
+    return average(ctx, input, k, s, (p[0], p[0], p[1], p[1]), count_include_pad, extra)
+
+
+def _window_sum(ctx: ImportContext, input: Ref, k, s, pad, divisor: int) -> Ref:
+    """``sum(window) / divisor`` (padding adds 0): a depthwise conv whose weights are all code 1 at
+    scale ``1/divisor``, so the accumulator is exactly the sum at scale ``s_in / divisor``."""
+    x = _float_ref(ctx, input)
+    if not x.is_quantized or x.spec.is_per_channel or x.spec.dtype is not DType.INT8:
+        raise ctx.unsupported("avg_pool2d with divisor_override of a tensor that isn't int8 per tensor")
+    v = ctx.value_in(x, layout.NHWC)
+    c = v.shape[3]
+    w = ctx.constant(np.ones((c, 1, k[0], k[1]), np.int8), QuantSpec.per_tensor(1.0 / divisor, 0, DType.INT8),
+                     perm=layout.NHWC, name=f"{ctx.node.name}_ones")
+    acc = ctx.emit("conv2d", v, w, None, perm=layout.NHWC, stride=tuple(s), dilation=(1, 1), pad=tuple(pad),
+                   groups=c)
+    return ctx.requant(acc, layout.NHWC)
+
+
+def _adaptive_segments(size: int, out: int) -> list[tuple[int, int, int, int]]:
+    """PyTorch's adaptive windows ``[floor(i·size/out), ceil((i+1)·size/out))`` grouped into runs of
+    equal length and equal spacing: (first start, length, spacing, count) per run."""
+    starts = [(i * size) // out for i in range(out)]
+    lengths = [-((-(i + 1) * size) // out) - st for i, st in enumerate(starts)]
+    runs: list[list[int]] = []
+    for i in range(out):
+        if runs:
+            first, length, step, count = runs[-1]
+            if lengths[i] == length and (count == 1 or starts[i] - starts[i - 1] == step):
+                runs[-1] = [first, length, starts[i] - first if count == 1 else step, count + 1]
+                continue
+        runs.append([starts[i], lengths[i], 0, 1])
+    return [(first, length, step or length, count) for first, length, step, count in runs]
+
+
+MAX_ADAPTIVE_PIECES = 64
 
 
 @register(aten.adaptive_avg_pool2d)
 def adaptive_avg_pool2d(ctx: ImportContext, node, input: Ref, output_size, **_):
+    """Runs of equal, equally spaced windows are one avg pool each (uniform sizes: a single pool);
+    pieces are averaged in the widened domain, concatenated, and rescaled once."""
     h, w = input.torch_shape[-2:]
     oh, ow = (int(d) for d in node.meta["val"].shape[-2:])
-    if h % oh or w % ow:
-        raise ctx.unsupported(f"adaptive_avg_pool2d from {h}x{w} to {oh}x{ow}: sizes must divide evenly")
-    k = (h // oh, w // ow)
-    return average(ctx, input, k, k, (0, 0, 0, 0), False)
+    if h % oh == 0 and w % ow == 0:
+        k = (h // oh, w // ow)
+        return average(ctx, input, k, k, (0, 0, 0, 0), False)
+    rows, cols = _adaptive_segments(h, oh), _adaptive_segments(w, ow)
+    if len(rows) * len(cols) > MAX_ADAPTIVE_PIECES or input.rank != 4:
+        return on_host(ctx, node, aten._adaptive_avg_pool2d.default, (node.args[0], [oh, ow]),
+                       f"adaptive_avg_pool2d from {h}x{w} to {oh}x{ow} needs over {MAX_ADAPTIVE_PIECES} pools")
+    v = _widened(ctx, input)
+    n, _, _, c = v.shape
+    bands = []
+    for r0, rk, rs, rn in rows:
+        pieces = []
+        for c0, ck, cs, cn in cols:
+            stop = (n, r0 + (rn - 1) * rs + rk, c0 + (cn - 1) * cs + ck, c)
+            piece = v
+            if (r0, c0) != (0, 0) or stop != v.shape:
+                piece = ctx.emit("slice", v, perm=layout.NHWC, start=(0, r0, c0, 0), stop=stop, step=(1, 1, 1, 1))
+            pieces.append(ctx.emit("avg_pool2d", piece, perm=layout.NHWC, kernel=(rk, ck), stride=(rs, cs)))
+        bands.append(pieces[0] if len(pieces) == 1 else
+                     ctx.emit("concat", tuple(pieces), perm=layout.NHWC, axis=2))
+    out = bands[0] if len(bands) == 1 else ctx.emit("concat", tuple(bands), perm=layout.NHWC, axis=1)
+    return ctx.requant(out, layout.NHWC)
 
 
 @register(aten.mean, aten.sum)
