@@ -1,11 +1,16 @@
 """Pooling and reductions: avg_pool2d, max_pool2d, reduce_sum, reduce_max (NHWC).
 
-Integer average pooling is TOSA 1.0's: the exact int32 sum of zero-point-centered
+Integer average pooling is TOSA 1.0's: the exact sum of zero-point-centered
 taps (padding not counted), scaled by ``reciprocal_scale(count)`` with
 ``apply_scale_32`` (the multipliers come from the reference's
-``reciprocal_scale``, the arithmetic is requant's). Float average pooling adds
-the taps in float64 in the reference's order, so it is bit-identical too; float
-reduce_sum uses NumPy's float64 sum like the reference.
+``reciprocal_scale``, the arithmetic is requant's). The sums are differences of
+exact integer prefix sums of the zero-padded centered codes, along W then along H
+(int32 when the whole map's sum of |code - zp| fits, else int64), so a window
+costs the same whatever its size. Float average pooling adds the taps in float64
+in the order the reference defines (along W, then the row sums along H), so it is
+bit-identical; max pooling is a maximum over W then over H; float maxima (also
+reduce_max) follow the reference's IEEE 754 rules for NaN and for the sign of a
+zero maximum; float reduce_sum uses NumPy's float64 sum like the reference.
 """
 
 from __future__ import annotations
@@ -20,48 +25,49 @@ from qlower.backends.cpu.gemm import input_amax
 from qlower.backends.cpu.quantization import apply_scale_32
 from qlower.backends.cpu.tensor_utils import INT32_MAX, check_int32, execution_error, torch_dtype
 from qlower.ir import Op
-from qlower.reference.pooling import reciprocal_scale
+from qlower.reference.pooling import geometry, pool_counts, reciprocal_scale
 
 
-def _geometry(op: Op):
-    n, h, w, c = op.operands[0].shape
-    (kh, kw), (sh, sw), (pt, pb, pl, pr) = op.attrs["kernel"], op.attrs["stride"], op.attrs["pad"]
-    _, oh, ow, _ = op.result.shape
-    return n, h, w, c, kh, kw, sh, sw, pt, pb, pl, pr, oh, ow
-
-
-def _windows(x: torch.Tensor, op: Op, fill) -> torch.Tensor:
-    """[N, OH, OW, C, KH, KW] view of the padded input's windows (taps in reading order ky, kx)."""
-    n, h, w, c, kh, kw, sh, sw, pt, pb, pl, pr, oh, ow = _geometry(op)
+def _pad(x: torch.Tensor, op: Op, fill) -> torch.Tensor:
+    """The input padded as the op says, cut to the rows and columns some window reads."""
+    (n, h, w, c), (kh, kw), (sh, sw), (pt, pb, pl, pr), (oh, ow) = geometry(op)
     if pt or pb or pl or pr:
         x = F.pad(x, (0, 0, pl, pr, pt, pb), value=fill)
-    x = x.contiguous()
-    s_n, s_h, s_w, s_c = x.stride()
-    return x.as_strided((n, oh, ow, c, kh, kw), (s_n, s_h * sh, s_w * sw, s_c, s_h, s_w))
+    return x[:, :sh * (oh - 1) + kh, :sw * (ow - 1) + kw]
 
 
-def _counts(op: Op) -> np.ndarray:
-    """Number of real (non-padding) taps of each output position, [OH, OW]."""
-    n, h, w, c, kh, kw, sh, sw, pt, pb, pl, pr, oh, ow = _geometry(op)
-    rows = np.array([len(set(range(y * sh - pt, y * sh - pt + kh)) & set(range(h))) for y in range(oh)])
-    cols = np.array([len(set(range(x * sw - pl, x * sw - pl + kw)) & set(range(w))) for x in range(ow)])
-    return (rows[:, None] * cols[None, :]).astype(np.int64)
+def _float_window_sums(x: torch.Tensor, op: Op) -> torch.Tensor:
+    """float64 window sums, tap by tap in the reference's order (``float_window_sums``)."""
+    (n, h, w, c), (kh, kw), (sh, sw), (pt, pb, pl, pr), (oh, ow) = geometry(op)
+    xp = _pad(x.to(torch.float64), op, 0.0)
+    span_w, span_h = sw * (ow - 1) + 1, sh * (oh - 1) + 1
+    rows = xp[:, :, 0:span_w:sw].clone()
+    for kx in range(1, kw):
+        rows += xp[:, :, kx:kx + span_w:sw]
+    acc = rows[:, 0:span_h:sh].clone()
+    for ky in range(1, kh):
+        acc += rows[:, ky:ky + span_h:sh]
+    return acc
+
+
+def _separable_max(x: torch.Tensor, op: Op, fill) -> torch.Tensor:
+    """Maximum of each window of ``x`` padded with ``fill``: over KW, then over KH."""
+    (n, h, w, c), (kh, kw), (sh, sw), (pt, pb, pl, pr), (oh, ow) = geometry(op)
+    xp = _pad(x, op, fill)
+    rows = xp.unfold(2, kw, sw).amax(dim=-1)
+    return rows.unfold(1, kh, sh).amax(dim=-1)
 
 
 @builder("avg_pool2d")
 def _avg_pool2d(op: Op, ctx: BuildContext) -> Kernel:
     t = op.operands[0].type
-    n, h, w, c, kh, kw, sh, sw, pt, pb, pl, pr, oh, ow = _geometry(op)
-    count = _counts(op)
+    (n, h, w, c), (kh, kw), (sh, sw), (pt, pb, pl, pr), (oh, ow) = geometry(op)
+    count = pool_counts(op)
     if t.quant is None:
-        taps = [(ky, kx) for ky in range(kh) for kx in range(kw)]
+        divisor = torch.from_numpy(count.astype(np.float64))[None, :, :, None]
 
         def run_float(x: torch.Tensor) -> torch.Tensor:
-            win = _windows(x.to(torch.float64), op, 0.0)
-            acc = win[..., 0, 0].clone()
-            for ky, kx in taps[1:]:  # the reference's order: float64 additions tap by tap
-                acc += win[..., ky, kx]
-            return (acc / torch.from_numpy(count.astype(np.float64))[None, :, :, None]).to(torch.float32)
+            return (_float_window_sums(x, op) / divisor).to(torch.float32)
         return run_float
     zp = t.quant.zero_point[0]
     m = reciprocal_scale(count)
@@ -72,13 +78,26 @@ def _avg_pool2d(op: Op, ctx: BuildContext) -> Kernel:
     dmin, dmax = t.dtype.min, t.dtype.max
     global_pool = (kh, kw) == (h, w) and not (pt or pb or pl or pr)
     out_dtype = torch_dtype(t.dtype)
+    # exact window sums from prefix sums of the zero-padded centered codes (padding adds 0), along W
+    # then along H; every partial sum is bounded by the sum of all |code - zp|, hence the dtype
+    prefix_dtype = torch.int32 if h * w * input_amax(t.dtype, zp) <= INT32_MAX else torch.int64
+
+    def window_sums(v: torch.Tensor, dim: int, k: int, stride: int, out: int) -> torch.Tensor:
+        cum = torch.cumsum(v, dim=dim, dtype=v.dtype)
+        cum = F.pad(cum, (0, 0, 1, 0) if dim == 2 else (0, 0, 0, 0, 1, 0))   # a leading 0: sum of nothing
+        span = stride * (out - 1) + 1
+        return cum.narrow(dim, k, span)[(slice(None),) * dim + (slice(None, None, stride),)] - \
+            cum.narrow(dim, 0, span)[(slice(None),) * dim + (slice(None, None, stride),)]
 
     def run_int(x: torch.Tensor) -> torch.Tensor:
-        acc_dtype = torch.int32 if bound <= INT32_MAX else torch.int64
         if global_pool:
+            acc_dtype = torch.int32 if bound <= INT32_MAX else torch.int64
             acc = x.to(acc_dtype).sum(dim=(1, 2), keepdim=True, dtype=acc_dtype) - count[0, 0] * zp
         else:
-            acc = (_windows(x, op, zp).to(acc_dtype) - zp).sum(dim=(4, 5), dtype=acc_dtype)
+            v = x.to(prefix_dtype) - zp
+            if pt or pb or pl or pr:
+                v = F.pad(v, (0, 0, pl, pr, pt, pb))
+            acc = window_sums(window_sums(v, 2, kw, sw, ow), 1, kh, sh, oh)
         try:
             scaled = apply_scale_32(acc.to(torch.int64), mult, shift, check=check)
         except requant.RequantRangeError as e:
@@ -87,24 +106,29 @@ def _avg_pool2d(op: Op, ctx: BuildContext) -> Kernel:
     return run_int
 
 
+def _ieee_maximum(out: torch.Tensor, x: torch.Tensor, reduce) -> torch.Tensor:
+    """The reference's ``ieee_maximum`` on torch tensors: NaNs become the quiet NaN, zeros +0.0
+    where ``reduce`` finds a +0.0 tap of ``x`` (a uint8 indicator), else -0.0."""
+    zero = out == 0
+    if bool(zero.any()):
+        positive_zero = reduce(((x == 0) & ~torch.signbit(x)).to(torch.uint8))
+        out = torch.where(zero, torch.where(positive_zero == 1, 0.0, -0.0).to(out.dtype), out)
+    nan = torch.isnan(out)
+    return torch.where(nan, float("nan"), out) if bool(nan.any()) else out
+
+
 @builder("max_pool2d")
 def _max_pool2d(op: Op, ctx: BuildContext) -> Kernel:
-    n, h, w, c, kh, kw, sh, sw, pt, pb, pl, pr, oh, ow = _geometry(op)
     dtype = op.operands[0].type.dtype
-    lowest = float(np.finfo(np.float32).min) if dtype.is_float else dtype.min
-    # torch's NHWC max pooling mishandles int8; integer codes are pooled as floats that hold them
-    # exactly (float32 below 2**24, float64 for int32), which leaves every maximum unchanged.
-    work = None if dtype.is_float else (torch.float64 if dtype.max > 2**24 else torch.float32)
     out_dtype = torch_dtype(dtype)
+    if not dtype.is_float:
+        return lambda x: _separable_max(x, op, dtype.min).to(out_dtype).contiguous()
+    lowest = float(np.finfo(np.float32).min)
 
-    def run(x: torch.Tensor) -> torch.Tensor:
-        if work is not None:
-            x = x.to(work)
-        if pt or pb or pl or pr:  # padding never wins: it holds the lowest value, as in the reference
-            x = F.pad(x, (0, 0, pl, pr, pt, pb), value=lowest)
-        y = F.max_pool2d(x.permute(0, 3, 1, 2), (kh, kw), (sh, sw))
-        return y.permute(0, 2, 3, 1).to(out_dtype).contiguous()
-    return run
+    def run_float(x: torch.Tensor) -> torch.Tensor:
+        out = _ieee_maximum(_separable_max(x, op, lowest), x, lambda z: _separable_max(z, op, 0))
+        return out.to(out_dtype).contiguous()
+    return run_float
 
 
 @builder("reduce_sum")
@@ -125,4 +149,7 @@ def _reduce_sum(op: Op, ctx: BuildContext) -> Kernel:
 @builder("reduce_max")
 def _reduce_max(op: Op, ctx: BuildContext) -> Kernel:
     axis = op.attrs["axis"]
-    return lambda x: torch.amax(x, dim=axis, keepdim=True)
+    if not op.operands[0].type.dtype.is_float:
+        return lambda x: torch.amax(x, dim=axis, keepdim=True)
+    return lambda x: _ieee_maximum(torch.amax(x, dim=axis, keepdim=True), x,
+                                   lambda z: torch.amax(z, dim=axis, keepdim=True)).contiguous()
