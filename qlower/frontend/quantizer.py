@@ -65,6 +65,7 @@ SHARED = {
     aten.view, aten.reshape, aten._unsafe_view, aten.flatten, aten.permute, aten.transpose, aten.t,
     aten.max_pool2d, aten.slice, aten.select, aten.pad, aten.constant_pad_nd, aten.squeeze,
     aten.unsqueeze, aten.alias, aten.contiguous, aten.clone, aten.dropout, aten.expand, aten.detach, aten.unflatten,
+    aten.upsample_nearest2d,
 }
 # more data movement (rules/indexing.py, rules/movement.py): the result keeps its input's domain
 SHARED |= {aten.flip, aten.roll, aten.repeat, aten.index_select, aten.gather, aten.reflection_pad1d,
@@ -85,6 +86,14 @@ OWN_OUTPUT |= {
     aten.silu_, aten.mish, aten.mish_, aten.hardsigmoid_, aten.softplus, aten.celu, aten.celu_, aten.selu,
     aten.selu_, aten.sigmoid_, aten.tanh_, aten.log_sigmoid,
 }
+
+# reductions and normalisation (rules/reductions.py, rules/normalization.py): amax / amin (and max / min
+# without dim) return one of their input's codes, argmax / argmin an index (only the input is quantized),
+# max.dim / min.dim both (values in the input's domain); var and an unfolded BatchNorm own their output
+SHARED |= {aten.amax, aten.amin}
+ORDER_INDEX = {aten.argmax, aten.argmin}
+EXTREMES = {aten.max, aten.min}
+OWN_OUTPUT |= {aten.var, aten.batch_norm}
 
 
 def packet(node: Node):
@@ -235,6 +244,8 @@ class QlowerQuantizer(Quantizer):
                 tensors = [a for a in n.args[0] if isinstance(a, Node)]
                 shared = SharedQuantizationSpec((tensors[0], n))
                 _annotate(n, {a: act if i == 0 else shared for i, a in enumerate(tensors)}, shared)
+            elif p in EXTREMES or p in ORDER_INDEX:
+                self._annotate_extreme(n, const)
             elif p in SHARED:
                 x = n.args[0]
                 if _is_float(x) and n not in const:  # constants stay float until a consumer quantizes
@@ -252,6 +263,22 @@ class QlowerQuantizer(Quantizer):
                     _annotate(n, {table: act}, SharedQuantizationSpec((table, n)))
             elif (p in ACTIVATIONS or p in OWN_OUTPUT) and _is_float(n.args[0]):
                 _annotate(n, {n.args[0]: act}, act)
+
+    def _annotate_extreme(self, n: Node, const: _Constants) -> None:
+        """argmax / argmin, max / min (whole tensor or along a dim): the input quantized; a value result
+        shares its domain (through the getitem of ``max.dim``), an index result stays an integer."""
+        x, name = n.args[0], n.target._overloadname
+        if not _is_float(x) or n in const or name not in ("default", "dim"):
+            return  # max.other / min.other (elementwise) are left alone
+        if packet(n) in ORDER_INDEX:
+            _annotate(n, {x: self.act})
+        elif name == "default":
+            _annotate(n, {x: self.act}, SharedQuantizationSpec((x, n)))
+        else:
+            _annotate(n, {x: self.act})
+            for item in n.users:
+                if item.op == "call_function" and item.target is operator.getitem and item.args[1] == 0:
+                    _annotate(item, {}, SharedQuantizationSpec((x, n)))
 
     # -- fixed overrides -----------------------------------------------------------------
     def _resolve_overrides(self, model: GraphModule) -> None:

@@ -52,6 +52,8 @@ def load_all() -> None:
         pointwise,
         pooling,
         quantization,
+        reductions,
+        resample,
         softmax,
         transpose_conv,
     )

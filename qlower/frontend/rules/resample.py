@@ -1,0 +1,89 @@
+"""upsample_nearest2d as pure data movement: integer codes keep their input's domain.
+
+The index maps are PyTorch's own: the op is evaluated at import time on a plane
+holding each element's row (or column) number, so every rounding rule of
+``nearest`` (scale factors vs output sizes, float32 index arithmetic) is PyTorch's
+by construction. Per spatial dim, a map that is an arithmetic progression
+(copy, integer downsampling) is one strided ``slice``; one that repeats every
+input index ``r`` times is ``concat`` of ``r`` copies and a reshape; any other is
+a ``concat`` of slices, one per run of equal indices.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from qlower.frontend import layout
+from qlower.frontend.context import ImportContext, Ref
+from qlower.frontend.rules import register
+from qlower.frontend.rules.elementwise import _float_ref
+from qlower.ir import Value
+
+aten = torch.ops.aten
+MAX_RUNS = 64
+
+
+def index_maps(node, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Input row of every output row, input column of every output column, as PyTorch computes them."""
+    rows = torch.arange(h, dtype=torch.float32).view(1, 1, h, 1).expand(1, 1, h, w).contiguous()
+    cols = torch.arange(w, dtype=torch.float32).view(1, 1, 1, w).expand(1, 1, h, w).contiguous()
+    with torch.no_grad():
+        r = node.target(rows, *node.args[1:], **node.kwargs)
+        c = node.target(cols, *node.args[1:], **node.kwargs)
+    return r[0, 0, :, 0].round().long().numpy(), c[0, 0, 0, :].round().long().numpy()
+
+
+@register(aten.upsample_nearest2d)
+def upsample_nearest2d(ctx: ImportContext, node, input: Ref, **_):
+    x = _float_ref(ctx, input)
+    if x.rank != 4:
+        raise ctx.unsupported(f"upsample_nearest2d of a rank-{x.rank} tensor")
+    if x.is_quantized and (x.spec.is_per_channel or x.scale is not None):
+        raise ctx.unsupported("upsample_nearest2d of per-channel or dynamically quantized codes")
+    v = ctx.value_in(x, layout.NHWC) if x.is_quantized else ctx.as_float(x, layout.NHWC)
+    rows, cols = index_maps(node, v.shape[1], v.shape[2])
+    for axis, index in ((1, rows), (2, cols)):
+        v = _gather(ctx, v, axis, index)
+    return Ref.of(v, layout.NHWC)
+
+
+def _gather(ctx: ImportContext, v: Value, axis: int, index: np.ndarray) -> Value:
+    """``v`` indexed by the non-decreasing ``index`` along NHWC ``axis`` (1 or 2)."""
+    size = v.shape[axis]
+    if len(index) == size and np.array_equal(index, np.arange(size)):
+        return v
+    step = int(index[1] - index[0]) if len(index) > 1 else 1
+    if step >= 1 and np.array_equal(index, index[0] + step * np.arange(len(index))):
+        return _slice(ctx, v, axis, int(index[0]), int(index[-1]) + 1, step)
+    counts = np.bincount(index, minlength=size)
+    r = int(counts[0])
+    if r > 1 and np.all(counts == r) and np.all(np.diff(index) >= 0):
+        return _repeat_each(ctx, v, axis, r)
+    starts = np.flatnonzero(np.r_[True, index[1:] != index[:-1]])
+    if len(starts) > MAX_RUNS or np.any(np.diff(index) < 0):
+        raise ctx.unsupported(f"nearest resampling with {len(starts)} runs along one dim (limit {MAX_RUNS})")
+    lengths = np.diff(np.r_[starts, len(index)])
+    pieces = []
+    for st, n in zip(starts, lengths):
+        row = _slice(ctx, v, axis, int(index[st]), int(index[st]) + 1, 1)
+        pieces += [row] * int(n)
+    return ctx.emit("concat", tuple(pieces), perm=layout.NHWC, axis=axis)
+
+
+def _slice(ctx: ImportContext, v: Value, axis: int, start: int, stop: int, step: int) -> Value:
+    begin, end, steps = [0] * 4, list(v.shape), [1] * 4
+    begin[axis], end[axis], steps[axis] = start, stop, step
+    return ctx.emit("slice", v, perm=layout.NHWC, start=tuple(begin), stop=tuple(end), step=tuple(steps))
+
+
+def _repeat_each(ctx: ImportContext, v: Value, axis: int, r: int) -> Value:
+    """Every index along ``axis`` ``r`` times in a row: copies side by side on a new axis, then merged."""
+    n, h, w, c = v.shape
+    inner = (w * c) if axis == 1 else c
+    outer = (n * h) if axis == 2 else n
+    size = v.shape[axis]
+    x = ctx.emit("reshape", v, perm=(), shape=(outer, size, 1, inner))
+    x = ctx.emit("concat", (x,) * r, perm=(), axis=2)
+    shape = (n, h * r, w, c) if axis == 1 else (n, h, w * r, c)
+    return ctx.emit("reshape", x, perm=layout.NHWC, shape=shape)
