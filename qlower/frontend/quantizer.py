@@ -68,7 +68,7 @@ SHARED = {
     aten.upsample_nearest2d,
 }
 # more data movement (rules/indexing.py, rules/movement.py): the result keeps its input's domain
-SHARED |= {aten.flip, aten.roll, aten.repeat, aten.index_select, aten.gather, aten.reflection_pad1d,
+SHARED |= {aten.flip, aten.roll, aten.repeat, aten.index_select, aten.index, aten.gather, aten.reflection_pad1d,
            aten.reflection_pad2d, aten.replication_pad1d, aten.replication_pad2d}
 # several results, read through getitem nodes, each in the input's domain
 SPLIT = {aten.split, aten.split_with_sizes, aten.unbind}
@@ -79,12 +79,12 @@ OWN_OUTPUT = {
     aten.sigmoid, aten.tanh, aten.hardswish, aten.hardswish_, aten.hardsigmoid, aten.gelu, aten.silu,
     aten.exp, aten.elu, aten.leaky_relu,
 }
-# unary ops imported as lookup tables (rules/pointwise.py): own input and output domains
+# unary ops imported as lookup tables (rules/pointwise.py) and log_softmax: own input and output domains
 OWN_OUTPUT |= {
     aten.abs, aten.abs_, aten.neg, aten.neg_, aten.sqrt, aten.sqrt_, aten.rsqrt, aten.rsqrt_, aten.log, aten.log_,
     aten.reciprocal, aten.reciprocal_, aten.exp_, aten.pow, aten.pow_, aten.leaky_relu_, aten.elu_, aten.gelu_,
     aten.silu_, aten.mish, aten.mish_, aten.hardsigmoid_, aten.softplus, aten.celu, aten.celu_, aten.selu,
-    aten.selu_, aten.sigmoid_, aten.tanh_, aten.log_sigmoid,
+    aten.selu_, aten.sigmoid_, aten.tanh_, aten.log_sigmoid, aten.log_softmax, aten._log_softmax,
 }
 
 # reductions and normalisation (rules/reductions.py, rules/normalization.py): amax / amin (and max / min

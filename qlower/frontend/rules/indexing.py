@@ -1,4 +1,5 @@
-"""Ops that pick, reorder or repeat elements: split, unbind, flip, roll, repeat, index_select, gather, embedding.
+"""Ops that pick, reorder or repeat elements: split, unbind, flip, roll, repeat, index_select, index
+(one constant index), gather, embedding.
 
 Every result keeps its input's QuantSpec (the quantizer puts these ops in their
 input's domain, every output of split/unbind included), so they are exact on
@@ -181,6 +182,23 @@ def index_select(ctx: ImportContext, node, input: Ref, dim, index: Ref, **_):
     if idx.rank > 1:
         raise ctx.unsupported("index_select takes a 1-D index")
     return Ref.of(ctx.emit("gather", ctx.value_in(x), idx, perm=x.perm, axis=layout.ir_axis(x.perm, d)), x.perm)
+
+
+@register(aten.index)
+def index(ctx: ImportContext, node, input: Ref, indices, **_):
+    """``x[:, [1, 0, 3]]``: one constant 1-D integer index (negative ones count from the end)."""
+    x = _runtime_or_per_tensor(ctx, input)
+    given = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(given) != 1:
+        raise ctx.unsupported("advanced indexing with several index tensors")
+    d, idx = given[0]
+    if not (isinstance(idx, Ref) and idx.is_const and idx.quant is None):
+        raise ctx.unsupported("advanced indexing with a run-time index (a constant index is supported)")
+    data = np.asarray(idx.data)
+    if data.dtype.kind not in "iu" or data.ndim != 1:
+        raise ctx.unsupported(f"advanced indexing with a {data.ndim}-d {data.dtype} index (1-d integers are supported)")
+    size = x.torch_shape[d]
+    return gather_constant(ctx, x, d, np.where(data < 0, data + size, data))
 
 
 @register(aten.gather)
