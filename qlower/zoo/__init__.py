@@ -15,7 +15,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qlower.zoo import cnn, digits, mobilenet_v2, resnet, scenarios, vit
+from qlower.zoo import (
+    cnn,
+    convnext,
+    digits,
+    efficientnet,
+    kws,
+    mobilenet_v2,
+    mobilenet_v3,
+    mobilevit,
+    resnet,
+    scenarios,
+    unet,
+    vit,
+    vit_tiny,
+)
 from qlower.zoo._common import ZooModel
 
 __all__ = ["ZooModel", "default_size", "describe", "get", "names"]
@@ -52,6 +66,40 @@ _REGISTRY: dict[str, _Entry] = {
     ),
     "s4_attention": _Entry(
         scenarios.build_s4, "S4: attention (q/k/v linear, heads, matmul, softmax, matmul, linear); 1x16x32", None
+    ),
+    "mobilenet_v3_small": _Entry(
+        mobilenet_v3.build,
+        "MobileNetV3-Small width 0.5, hardswish, hardsigmoid SE, 5x5 depthwise, BN; 1x3x224x224 → 1000",
+        224,
+    ),
+    "efficientnet_lite": _Entry(
+        efficientnet.build,
+        "EfficientNet-Lite0 first 5 stages, MBConv, ReLU6, one SiLU/sigmoid SE, BN; 1x3x224x224 → 1000",
+        224,
+    ),
+    "convnext_block": _Entry(
+        convnext.build,
+        "ConvNeXt stem + 2 blocks: 7x7 depthwise, channels LayerNorm, GELU MLP, layer scale; 1x3x32x32 → 10",
+        32,
+    ),
+    "timm_vit_tiny": _Entry(
+        vit_tiny.build, "timm-style ViT, dim 64, 2 heads, 2 pre-norm blocks, cls token, qkv unbind; 1x3x32x32 → 10", 32
+    ),
+    "mobilevit_block": _Entry(
+        mobilevit.build,
+        "Conv stem + MobileViT block: 2x2 unfold/fold, chunked-qkv attention, SiLU MLP, fusion; 1x3x32x32 → 10",
+        32,
+    ),
+    "unet_tiny": _Entry(
+        unet.build,
+        "2-level U-Net: conv-BN-ReLU, max pool, ConvTranspose2d + bilinear up, skip cat; 1x3x32x32 → 1x4x32x32",
+        32,
+    ),
+    "ds_cnn_kws": _Entry(
+        kws.build_ds_cnn, "Keyword spotting DS-CNN: 10x4 conv, 4 depthwise-separable blocks; 1x1x49x10 → 12", None
+    ),
+    "lstm_kws": _Entry(
+        kws.build_lstm, "Keyword spotting LSTM (hidden 64) over 49 MFCC frames, last step → linear; 1x49x10 → 12", None
     ),
 }
 

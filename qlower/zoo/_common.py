@@ -69,15 +69,16 @@ def bn_estimation_batches(channels: int, size: int, seed: int, max_images: int =
 def kaiming_init(model: nn.Module) -> None:
     """He-normal weights for convs/linears (keeps activation scale ~1 through ReLUs), small random biases.
 
-    BatchNorm affine parameters are randomised away from (1, 0) so that
-    BN folding is exercised with non-trivial values.
+    BatchNorm and LayerNorm affine parameters are randomised away from (1, 0)
+    so that BN folding and the norms' scale/shift are exercised with non-trivial
+    values.
     """
     for m in model.modules():
         if isinstance(m, nn.Conv2d | nn.Linear):
             nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
             if m.bias is not None:
                 nn.init.normal_(m.bias, std=0.05)
-        elif isinstance(m, nn.BatchNorm2d):
+        elif isinstance(m, nn.BatchNorm2d | nn.LayerNorm) and m.weight is not None:
             nn.init.uniform_(m.weight, 0.5, 1.5)
             nn.init.normal_(m.bias, std=0.1)
 
@@ -103,6 +104,34 @@ def estimate_bn_stats(model: nn.Module, batches: Sequence[InputTuple]) -> nn.Mod
     return model.eval()
 
 
+@torch.no_grad()
+def fit_bn_stats_in_eval(model: nn.Module, batches: Sequence[InputTuple]) -> nn.Module:
+    """Set every BatchNorm's running mean/var to the statistics of its input in eval mode, layer by layer.
+
+    One eval-mode forward over ``batches`` concatenated along the batch axis; a
+    pre-hook on each BatchNorm sets its statistics from the input it is about to
+    normalise, so every BN is fitted to what the already-fitted layers before it
+    produce. Unlike ``estimate_bn_stats`` (train mode, batch statistics), this
+    stays exact where train and eval behaviour part ways, e.g. after
+    squeeze-excitation gates on 1x1 feature maps. Returns the model in eval mode.
+    """
+
+    def fit(bn: nn.Module, args: tuple[torch.Tensor, ...]) -> None:
+        x = args[0].transpose(0, 1).flatten(1)  # [C, N*H*W]
+        bn.running_mean.copy_(x.mean(dim=1))
+        bn.running_var.copy_(x.var(dim=1))
+
+    norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    hooks = [m.register_forward_pre_hook(fit) for m in norms]
+    try:
+        model.eval()
+        model(*(torch.cat(parts) for parts in zip(*batches)))
+    finally:
+        for h in hooks:
+            h.remove()
+    return model
+
+
 def check_size(name: str, size: int | None, default: int, minimum: int) -> int:
     """Resolve an image model's ``size`` argument, rejecting sizes the architecture can't take."""
     if size is None:
@@ -113,16 +142,16 @@ def check_size(name: str, size: int | None, default: int, minimum: int) -> int:
 
 
 def random_image_classifier(make: Callable[[], nn.Module], size: int, seed: int, calibration_batches: int = 4,
-                            head: str | None = None) -> ZooModel:
+                            head: str | None = None, fit_bn: Callable[..., nn.Module] = estimate_bn_stats) -> ZooModel:
     """A seeded image classifier with random weights: Kaiming init (the ``head`` Linear, if named,
-    N(0, 0.01) so the logits stay small), BatchNorm statistics from random images, and NCHW
-    ``randn`` calibration batches and example input (static per-channel int8 config)."""
+    N(0, 0.01) so the logits stay small), BatchNorm statistics from random images (by ``fit_bn``), and
+    NCHW ``randn`` calibration batches and example input (static per-channel int8 config)."""
     with seeded(seed):
         model = make()
         kaiming_init(model)
         if head is not None:
             nn.init.normal_(getattr(model, head).weight, std=0.01)
-    estimate_bn_stats(model, bn_estimation_batches(3, size, seed + 1))
+    fit_bn(model, bn_estimation_batches(3, size, seed + 1))
     calibration = randn_batches((1, 3, size, size), calibration_batches, seed + 2)
     example = randn_batches((1, 3, size, size), 1, seed + 3)[0]
     return ZooModel(model, example, QuantConfig(), calibration)
