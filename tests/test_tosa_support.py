@@ -98,6 +98,11 @@ CASES = [
      "not a int8 code"),
     ("slice", unary("slice", i8((6, 3)), start=(1, 0), stop=(6, 3), step=(2, 1)), YES, YES),
     ("slice empty", unary("slice", i8((6, 3)), start=(1, 0), stop=(1, 3)), "empty tensor", "empty tensor"),
+    ("gather constant indices", lambda b: b.op("gather", b.input("x", i8((2, 5, 3))), b.constant(
+        np.array([4, 0, 2], np.int32), QuantSpec(DType.INT32, (1.0,), (0,), 0, 4)), axis=1), YES, YES),
+    ("gather run-time indices", lambda b: b.op("gather", b.input("x", i8((5, 3))), b.input(
+        "i", TensorType((2, 4), DType.INT32, QuantSpec.plain_integer())), axis=0), "run-time indices",
+     "run-time indices"),
     ("avg_pool2d int8", unary("avg_pool2d", i8((1, 6, 6, 2), 5), kernel=(2, 2), stride=(2, 2)), YES, YES),
     ("max_pool2d kernel above level 8K", unary("max_pool2d", i8((1, 9000, 1, 1)), kernel=(8200, 1), stride=(1, 1)),
      "beyond TOSA 1.0 level 8K", "beyond TOSA 1.0 level 8K"),

@@ -56,20 +56,26 @@ def _normalized(node: Node) -> tuple[tuple, dict] | None:
 
 
 def _foldable(ctx: ImportContext, node: Node) -> bool:
-    """Pure ATen computation on float constants only (no quantization involved)."""
+    """Pure ATen computation on constants only (float, bool or integer; no quantization involved)."""
     target = node.target
     if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
         return False
     if target.overloadpacket in _NOT_FOLDABLE:
         return False
     inputs = node.all_input_nodes
-    return all(isinstance(ctx.env.get(a), Ref) and ctx.env[a].is_float_const for a in inputs)
+    return all(isinstance(ctx.env.get(a), Ref) and ctx.env[a].is_const and ctx.env[a].quant is None for a in inputs)
 
 
-def _fold_float(ctx: ImportContext, node: Node) -> Ref:
+def _fold_float(ctx: ImportContext, node: Node) -> Ref | tuple[Ref, ...]:
     result = ctx.fold(node, {a: torch.from_numpy(np.array(ctx.env[a].data)) for a in node.all_input_nodes})
+    if isinstance(result, (tuple, list)) and result and all(isinstance(r, torch.Tensor) for r in result):
+        return tuple(_constant_of(ctx, node, r) for r in result)  # split, unbind ... of a constant
     if not isinstance(result, torch.Tensor):
         raise ctx.unsupported("a constant expression that doesn't produce a tensor")
+    return _constant_of(ctx, node, result)
+
+
+def _constant_of(ctx: ImportContext, node: Node, result: torch.Tensor) -> Ref:
     data = result.detach().contiguous().numpy().copy()
     return Ref.constant(data.astype(np.float32) if data.dtype.kind == "f" else data, origin=ctx.origin_of(node))
 
