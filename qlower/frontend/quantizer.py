@@ -49,6 +49,7 @@ from torchao.quantization.pt2e.quantizer import (
 )
 
 from qlower.errors import InputError
+from qlower.frontend.channel_affine import replace_unfolded_batch_norm
 from qlower.frontend.config import FixedQParams, QuantConfig
 from qlower.frontend.source import module_paths
 
@@ -93,7 +94,7 @@ OWN_OUTPUT |= {
 SHARED |= {aten.amax, aten.amin}
 ORDER_INDEX = {aten.argmax, aten.argmin}
 EXTREMES = {aten.max, aten.min}
-OWN_OUTPUT |= {aten.var, aten.batch_norm}
+OWN_OUTPUT |= {aten.var, torch.ops.qlower.channel_affine}  # channel_affine: an unfolded BatchNorm
 
 
 def packet(node: Node):
@@ -107,6 +108,19 @@ def _is_float(x: object) -> bool:
         return False
     val = x.meta.get("val")
     return not isinstance(val, torch.Tensor) or val.dtype.is_floating_point
+
+
+def _fills_minus_inf(x: object) -> bool:
+    """A fill with -inf (masked attention scores): no observer can measure it, so its consumer (a
+    softmax) reads it in float; the consumer's finite result is still quantized."""
+    if not isinstance(x, Node) or packet(x) not in (aten.where, aten.masked_fill):
+        return False
+    for a in x.args[1:]:
+        if isinstance(a, Node) and packet(a) in (aten.scalar_tensor, aten.full_like, aten.full):
+            a = a.args[0] if packet(a) is aten.scalar_tensor else a.args[1]
+        if isinstance(a, float) and a == float("-inf"):
+            return True
+    return False
 
 
 def _annotate(node: Node, inputs: dict[Node, object], output: object = None, share: bool = True) -> None:
@@ -153,6 +167,7 @@ class QlowerQuantizer(Quantizer):
         self.dyn_qmax = c.act_qmax
         self._node_overrides: dict[Node, FixedQParams] = {}
         self._edge_overrides: dict[tuple[Node, Node], FixedQParams] = {}
+        self.keep_float: set[str] = set()  # nodes left unquantized (non-finite results, see finite.py)
 
     # -- dynamic specs -------------------------------------------------------------------
     def _dynamic_per_tensor(self) -> QuantizationSpec:
@@ -186,6 +201,10 @@ class QlowerQuantizer(Quantizer):
         return self._dynamic_blocked(PerBlock((1, shape[1]) + (1,) * (len(shape) - 2)))
 
     # -- annotation ----------------------------------------------------------------------
+    def transform_for_annotation(self, model: GraphModule) -> GraphModule:
+        """BatchNorms that prepare_pt2e could not fold become ``channel_affine`` (see channel_affine.py)."""
+        return replace_unfolded_batch_norm(model) if self.config.mode == "static" else model
+
     def annotate(self, model: GraphModule) -> GraphModule:
         self._resolve_overrides(model)
         if self.config.mode == "dynamic":
@@ -261,8 +280,8 @@ class QlowerQuantizer(Quantizer):
                 table = n.args[0]
                 if _is_float(table) and table in const and n not in const:
                     _annotate(n, {table: act}, SharedQuantizationSpec((table, n)))
-            elif (p in ACTIVATIONS or p in OWN_OUTPUT) and _is_float(n.args[0]):
-                _annotate(n, {n.args[0]: act}, act)
+            elif (p in ACTIVATIONS or p in OWN_OUTPUT) and _is_float(n.args[0]) and n.name not in self.keep_float:
+                _annotate(n, {} if _fills_minus_inf(n.args[0]) else {n.args[0]: act}, act)
 
     def _annotate_extreme(self, n: Node, const: _Constants) -> None:
         """argmax / argmin, max / min (whole tensor or along a dim): the input quantized; a value result

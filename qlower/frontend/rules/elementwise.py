@@ -1,4 +1,4 @@
-"""Elementwise ops: add / sub / mul / div, clamps (relu family), pointwise non-linearities, batch norm.
+"""Elementwise ops: add / sub / mul / div, clamps (relu family), batch norm.
 
 Integer recipes (all scale changes are IR ``rescale`` ops):
 - add / sub: both operands rescaled to int32 at a common scale
@@ -12,14 +12,10 @@ Integer recipes (all scale changes are IR ``rescale`` ops):
   constants as int32 codes at scale ``max|c| / 2**20``.
 - relu / relu6 / hardtanh / clamp: ``rescale`` to the output spec, then an explicit
   ``clamp`` to the codes of the bounds (the code of 0.0 is the zero point).
-- sigmoid, tanh, hardswish, gelu, ...: a ``table`` of the codes' images, computed by
-  PyTorch itself (dequantize every code, apply the op, quantize), so the table is
-  bit-identical to the fake-quant model.
+- pointwise non-linearities (sigmoid, gelu, ...): lookup tables, see pointwise.py.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
@@ -27,10 +23,9 @@ import torch
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.quantizer import packet
 from qlower.frontend.rules import register
-from qlower.ir import DType, QuantSpec, Value
+from qlower.ir import DType, QuantSpec
 
 aten = torch.ops.aten
-QD = torch.ops.quantized_decomposed
 INT32_MAX = 2**31 - 1
 COMMON_SHIFT = 20
 FLOAT_MAX = float(np.finfo(np.float32).max)
@@ -183,91 +178,19 @@ def clamp(ctx: ImportContext, node, input, min=None, max=None, **_):  # noqa: A0
     return clamp_to(ctx, input, min, max)
 
 
-# -- pointwise non-linearities ------------------------------------------------------------------
-
-def lookup_table(ctx: ImportContext, node, in_spec: QuantSpec, out_spec: QuantSpec) -> np.ndarray:
-    """``out code = q_out(f(dq_in(code)))`` for every input code, computed by PyTorch like the fake-quant model."""
-    codes = torch.arange(in_spec.qmin, in_spec.qmax + 1, dtype=torch.int32)
-    dq = QD.dequantize_per_tensor.default(codes, in_spec.scale[0], in_spec.zero_point[0], in_spec.qmin,
-                                          in_spec.qmax, torch.int32)
-    y = ctx.fold(node, {node.args[0]: dq})
-    q = QD.quantize_per_tensor.default(y, out_spec.scale[0], out_spec.zero_point[0], out_spec.qmin,
-                                       out_spec.qmax, torch.int32)
-    return q.numpy().astype(out_spec.dtype.numpy)
-
-
-def _scalar(ctx: ImportContext, v: float, rank: int) -> Value:
-    return ctx.constant(np.full((1,) * rank, v, dtype=np.float32))
-
-
-def _gelu(ctx, x, perm, approximate="none", **_):
-    r = x.type.rank
-    if approximate == "tanh":
-        cube = ctx.emit("mul", ctx.emit("mul", x, x, perm=perm), x, perm=perm)
-        inner = ctx.emit("add", x, ctx.emit("mul", cube, _scalar(ctx, 0.044715, r), perm=perm), perm=perm)
-        t = ctx.emit("tanh", ctx.emit("mul", inner, _scalar(ctx, math.sqrt(2 / math.pi), r), perm=perm), perm=perm)
-    else:
-        t = ctx.emit("erf", ctx.emit("mul", x, _scalar(ctx, 1 / math.sqrt(2), r), perm=perm), perm=perm)
-    half_x = ctx.emit("mul", x, _scalar(ctx, 0.5, r), perm=perm)
-    return ctx.emit("mul", half_x, ctx.emit("add", t, _scalar(ctx, 1.0, r), perm=perm), perm=perm)
-
-
-def _hardsigmoid(ctx, x, perm, **_):
-    r = x.type.rank
-    shifted = ctx.emit("add", x, _scalar(ctx, 3.0, r), perm=perm)
-    return ctx.emit("mul", ctx.emit("clamp", shifted, perm=perm, min=0.0, max=6.0), _scalar(ctx, 1 / 6, r), perm=perm)
-
-
-def _hardswish(ctx, x, perm, **_):
-    return ctx.emit("mul", x, _hardsigmoid(ctx, x, perm), perm=perm)
-
-
-def _silu(ctx, x, perm, **_):
-    return ctx.emit("mul", x, ctx.emit("sigmoid", x, perm=perm), perm=perm)
-
-
-FLOAT_POINTWISE = {
-    aten.sigmoid: lambda ctx, x, perm, **_: ctx.emit("sigmoid", x, perm=perm),
-    aten.tanh: lambda ctx, x, perm, **_: ctx.emit("tanh", x, perm=perm),
-    aten.exp: lambda ctx, x, perm, **_: ctx.emit("exp", x, perm=perm),
-    aten.gelu: _gelu,
-    aten.hardsigmoid: _hardsigmoid,
-    aten.hardswish: _hardswish,
-    aten.hardswish_: _hardswish,
-    aten.silu: _silu,
-}
-
-
-@register(aten.sigmoid, aten.tanh, aten.exp, aten.gelu, aten.hardsigmoid, aten.hardswish, aten.hardswish_,
-          aten.silu, aten.elu, aten.leaky_relu)
-def pointwise(ctx: ImportContext, node, input: Ref, **kwargs):
-    x, out = _float_ref(ctx, input), ctx.out_spec()
-    if _static_quantized(x) and out is not None:
-        spec = x.spec
-        if spec.is_per_channel or spec.qmax - spec.qmin >= 2**16:
-            raise ctx.unsupported(f"a lookup table needs a per-tensor 8/16-bit input, got {spec}")
-        table = lookup_table(ctx, node, spec, out)
-        return Ref.of(ctx.emit("table", ctx.value_in(x), perm=x.perm, table=table, offset=-spec.qmin, out=out),
-                      x.perm)
-    fn = FLOAT_POINTWISE.get(packet(node))
-    if fn is None:
-        raise ctx.unsupported("only supported on int8 tensors quantized on both sides (as a lookup table)")
-    return Ref.of(fn(ctx, ctx.as_float(x), x.perm, **kwargs), x.perm)
-
-
 @register(aten.batch_norm)
 def batch_norm(ctx: ImportContext, node, input: Ref, weight, bias, running_mean, running_var, training, momentum,
                eps, **_):
     if training:
         raise ctx.unsupported("batch norm in training mode; call model.eval() before exporting")
-    if input.is_quantized:
-        raise ctx.unsupported("a BatchNorm that doesn't follow a conv/linear can't be folded into one; "
-                              "qlower quantizes BatchNorm only after folding")
     c = input.torch_shape[1]
     mean, var = running_mean.data.astype(np.float64), running_var.data.astype(np.float64)
     w = weight.data.astype(np.float64) if weight is not None else np.ones(c)
     b = bias.data.astype(np.float64) if bias is not None else np.zeros(c)
     scale = w / np.sqrt(var + eps)
+    if _static_quantized(_float_ref(ctx, input)):  # not folded into a conv: an integer per-channel affine map
+        from qlower.frontend.rules.normalization import channel_affine
+        return channel_affine(ctx, input, scale, b - mean * scale)
     shape = (1, c) + (1,) * (input.rank - 2)
     mul = Ref.constant(scale.reshape(shape).astype(np.float32))
     add = Ref.constant((b - mean * scale).reshape(shape).astype(np.float32))
