@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from qlower.errors import InputError, UnsupportedOpError
 from qlower.frontend.config import QuantConfig
 from qlower.frontend.decompose import decompose_unruled
+from qlower.frontend.finite import non_finite_nodes
 from qlower.frontend.rules import has_rule
 from qlower.frontend.source import describe_node
 
@@ -47,8 +48,9 @@ def _as_batch(batch: object) -> Batch:
     raise InputError(f"a calibration batch must be a tensor or a tuple of tensors, got {type(batch).__name__}")
 
 
-def export_module(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> GraphModule:
-    """``torch.export`` to pre-dispatch ATen (what PT2E annotates), without the guard check node.
+def export_module(model: nn.Module, example_inputs: Sequence[torch.Tensor], static: bool = False) -> GraphModule:
+    """``torch.export`` to pre-dispatch ATen (what PT2E annotates), without the guard check node;
+    ops without a rule (for a ``static`` quantized import or not) decomposed.
 
     Non-strict export is tried first; strict export is the fallback (torch 2.13's
     non-strict mode fails on a model without inputs whose forward feeds plain
@@ -68,7 +70,7 @@ def export_module(model: nn.Module, example_inputs: Sequence[torch.Tensor]) -> G
             user_line = user_line or _model_line(model, e)
             errors.append(f"{'strict' if strict else 'non-strict'} export: {type(e).__name__}: {e}")
     if program is not None:
-        return decompose_unruled(program.module(check_guards=False), has_rule)
+        return decompose_unruled(program.module(check_guards=False), lambda t: has_rule(t, static))
     detail = "\n".join(line[:600] for line in errors)
     where = f" at {user_line}" if user_line else ""
     raise UnsupportedOpError(f"torch.export could not capture {type(model).__name__}{where}:\n{detail}\n"
@@ -118,7 +120,7 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Qua
 
 def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig,
               batches: list[tuple], bar: tqdm) -> Captured:
-    gm = export_module(model, example_inputs)
+    gm = export_module(model, example_inputs, static=quant.mode == "static")
     bar.update()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -131,7 +133,9 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         bar.set_description("quantizing: prepare")
-        prepared = prepare_pt2e(gm, QlowerQuantizer(quant))
+        quantizer = QlowerQuantizer(quant)
+        quantizer.keep_float = non_finite_nodes(gm, batches)
+        prepared = prepare_pt2e(gm, quantizer)
         if quant.fallback == "error":
             _reject_unfolded_batch_norm(prepared)
         bar.update()

@@ -1,0 +1,144 @@
+"""Integer import of elementwise ops: unary lookup tables, binary, compare and select ops.
+
+Each op family is one tiny model compiled for cpu and tosa-1.0+int and checked
+with ``qlower.verify``: no op of the model runs as a float fallback, every op but
+the boundary quantize/dequantize runs on the target, the target is bit-exact with
+the reference interpreter at every layer and output, and the reference is within
+one quantization step of PyTorch's fake-quant model at every layer (each layer
+fed fake-quant's own inputs).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import qlower
+
+SEED = 7
+TARGETS = ("cpu", "tosa-1.0+int")
+BOUNDARY = {"quantize", "dequantize"}
+
+
+def _randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def assert_integer(model: nn.Module, shape: tuple[int, ...], layers: set[str]) -> None:
+    """``layers``: fx node names without their ``_N`` suffix (as the report names layers) that must be checked."""
+    torch.manual_seed(SEED)
+    model = model.eval()
+    calibration = [(_randn(*shape, seed=SEED + i) * s,) for i, s in enumerate((0.5, 1.0, 2.0))]
+    inputs = [(_randn(*shape, seed=100 + i) * s,) for i, s in enumerate((1.0, 2.5))]
+    for target in TARGETS:
+        rep = qlower.verify(model, inputs[0], target=target, calibration=calibration, inputs=inputs, progress=False)
+        assert not rep.float_fallbacks, rep.float_fallbacks
+        on_host = [k for k, where in rep.placement if where == "host" and k not in BOUNDARY]
+        assert not target.startswith("tosa") or not on_host, f"{target}: on the host: {on_host}"
+        assert rep.ok, rep.problems
+        rows = {}
+        for r in rep.layers:
+            rows.setdefault(re.sub(r"_\d+$", "", r.op), []).append(r)
+        missing = layers - set(rows)
+        assert not missing, f"layers not checked: {missing}; have {sorted(rows)}"
+        for name in layers:
+            for r in rows[name]:
+                assert r.isolated_vs_fake_quant is not None and r.isolated_vs_fake_quant.max_steps <= 1, (name, r)
+                assert r.target_vs_ref is not None and r.target_vs_ref.max_steps == 0, (name, r)
+        for o in rep.outputs:
+            assert o.target_vs_ref.max_abs == 0
+
+
+class Unary(nn.Module):
+    """A conv, then one branch per op (each output is the op's own quantized result)."""
+
+    def __init__(self, fns):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.fns = fns
+
+    def forward(self, x):
+        y = self.conv(x)
+        return tuple(fn(y) for fn in self.fns)
+
+
+UNARY = {
+    "activations": ([
+        lambda y: F.leaky_relu(y, 0.2), lambda y: F.elu(y, 0.7), F.gelu, lambda y: F.gelu(y, approximate="tanh"),
+        F.silu, F.mish, F.hardswish, F.hardsigmoid, lambda y: F.softplus(y, 2.0, 3.0), lambda y: F.celu(y, 0.5),
+        F.selu, torch.sigmoid, torch.tanh, F.logsigmoid, nn.LeakyReLU(0.1, inplace=True),
+    ], {"leaky_relu", "elu", "gelu", "silu", "mish", "hardswish", "hardsigmoid", "softplus", "celu", "selu",
+        "sigmoid", "tanh", "log_sigmoid", "leaky_relu_"}),
+    "arithmetic": ([
+        torch.abs, torch.neg, torch.exp, lambda y: y ** 2, lambda y: y.pow(3),
+        lambda y: torch.sqrt(y.abs()), lambda y: torch.rsqrt(y.abs() + 0.5), lambda y: torch.log(y.abs() + 0.25),
+        lambda y: torch.reciprocal(y.abs() + 0.5),
+    ], {"abs", "neg", "exp", "pow", "sqrt", "rsqrt", "log", "reciprocal"}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(UNARY))
+def test_unary_ops_are_lookup_tables(family):
+    fns, layers = UNARY[family]
+    model = Unary(fns)
+    assert_integer(model, (1, 3, 4, 4), layers)
+
+
+def test_table_only_ops_in_a_float_import_still_compute_the_op():
+    """Non-core ops with only a table rule (here mish and softplus) are decomposed when nothing quantizes
+    them statically: the float program matches eager PyTorch."""
+    torch.manual_seed(SEED)
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return F.mish(y) + F.softplus(y, 2.0, 1.0)
+
+    model, x = M().eval(), _randn(3, 6, seed=SEED)
+    prog = qlower.compile(model, (x,), target="cpu", quant=None, progress=False)
+    got = prog.run(x.numpy())[0]
+    np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+class LogSoftmax(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return F.log_softmax(y, dim=1), F.log_softmax(y * 3, dim=-1), F.softmax(y, dim=1)
+
+
+def test_log_softmax_and_softmax_are_integer():
+    assert_integer(LogSoftmax(), (1, 3, 4, 4), {"log_softmax", "softmax"})
+
+
+def test_an_op_with_nan_on_calibration_data_stays_float():
+    """sqrt of negative numbers: PT2E can't quantize NaN, and nan_to_num relies on it; the op runs in float."""
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(6, 6)
+
+        def forward(self, x):
+            y = self.fc(x)
+            return torch.sqrt(y).nan_to_num() + torch.sqrt(y.abs())
+
+    torch.manual_seed(SEED)
+    model, x = M().eval(), _randn(4, 6, seed=SEED)
+    prog = qlower.compile(model, (x,), target="cpu", calibration=[(x,)], progress=False)
+    fallbacks = [op.attrs["target"] for op in prog.source.ops if op.kind == "aten"]
+    assert "aten.sqrt.default" in fallbacks and prog.source.count_ops().get("table", 0) >= 2  # sqrt(|y|), abs
+    with torch.no_grad():
+        eager = model(x).numpy()
+    assert np.abs(prog.run(x)[0] - eager).max() < 0.1
