@@ -195,3 +195,33 @@ def test_token_id_outside_the_table_is_a_clear_error(token_programs, bad):
     for prog in progs.values():
         with pytest.raises((ExecutionError, InputError), match=r"out of range|outside"):
             prog.run(ids)
+
+
+class ReshapedIds(nn.Module):
+    """Token ids reshaped before the lookup (they stay plain integers) and rows picked by a second
+    integer input (index_select at run-time indices)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(10, 8)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, ids, rows):
+        e = self.emb(ids.view(-1)).reshape(2, 3, 8)
+        return self.fc(torch.index_select(e, 1, rows))
+
+
+def test_reshaped_ids_and_run_time_index_select():
+    torch.manual_seed(SEED)
+    model = ReshapedIds().eval()
+    calibration = [(torch.tensor([[1, 3, 9], [0, 2, 5]]), torch.tensor([2, 0])),
+                   (torch.tensor([[4, 6, 7], [8, 1, 0]]), torch.tensor([1, 1]))]
+    progs = _compile_all(model, calibration[0], calibration)
+    graph = progs["reference"].source
+    assert not [op for op in graph.ops if op.kind == "aten"]
+    gathers = [op for op in graph.ops if op.kind == "gather"]
+    assert len(gathers) == 2 and all(op.result.dtype is DType.INT8 for op in gathers)
+    _check_exact(progs, (np.array([[9, 0, 4], [2, 2, 7]]), np.array([1, 2])))
+    for prog in progs.values():
+        with pytest.raises(ExecutionError, match="index 3 is out of range for axis 1 of size 3"):
+            prog.run(np.array([[9, 0, 4], [2, 2, 7]]), np.array([3, 0]))

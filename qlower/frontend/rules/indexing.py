@@ -179,7 +179,7 @@ def index_select(ctx: ImportContext, node, input: Ref, dim, index: Ref, **_):
     if x.rank == 0:
         raise ctx.unsupported("index_select of a 0-d tensor")
     idx = _index_value(ctx, index)
-    if idx.rank > 1:
+    if idx.type.rank != 1:
         raise ctx.unsupported("index_select takes a 1-D index")
     return Ref.of(ctx.emit("gather", ctx.value_in(x), idx, perm=x.perm, axis=layout.ir_axis(x.perm, d)), x.perm)
 
