@@ -1,0 +1,179 @@
+"""Integer reductions and normalisation, end to end: sum / mean / amax / amin / max / min (values and
+indices) / argmax / argmin / var over various dims with keepdim both ways, and an unfolded BatchNorm.
+
+Each family is quantized once; its optimised IR runs on the reference interpreter, the cpu backend and
+tosa-1.0+int (TOSA reference model). Checked per family: the ops are integer (no float ``aten``
+fallback, and on TOSA none of them is left on the host), every target is bit-exact with the reference,
+and the reference is within 1 quantization step of PyTorch's fake-quant model, per layer (teacher-forced)
+and at the outputs. Index results must equal fake-quant's exactly.
+"""
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import qlower
+from qlower.api import lower_graph
+from qlower.reference import run_graph
+from qlower.testing.frontend import compare_with_fake_quant
+
+SEED = 0
+TARGETS = ("cpu", "tosa-1.0+int")
+BOUNDARY = {"quantize", "dequantize", "constant", "delegate", "transpose", "reshape"}
+
+
+class Prefix(nn.Module):
+    """``x * 1.5 + 0.25`` before ``f``: the reduced tensor is an integer intermediate, not a graph input."""
+
+    def __init__(self, f, *mods):
+        super().__init__()
+        self.f, self.mods = f, nn.ModuleList(mods)
+
+    def forward(self, x):
+        return self.f(self, x * 1.5 + 0.25)
+
+
+def _sum_mean(m, x):
+    return (x.sum(dim=1), x.sum(dim=(2, 3), keepdim=True), x.mean(dim=-1), x.mean(dim=(1, 2), keepdim=True),
+            x.mean())
+
+
+def _extremes(m, x):
+    return (x.amax(dim=1), x.amin(dim=(2, 3), keepdim=True), x.amax(dim=(0, -1)), x.max(), x.min(),
+            x.max(dim=2)[0], x.min(dim=1, keepdim=True)[0])
+
+
+def _indices(m, x):
+    return (x.argmax(dim=1), x.argmin(dim=3, keepdim=True), x.argmax(), x.argmin(dim=0),
+            x.max(dim=2)[1], x.min(dim=1, keepdim=True)[1])
+
+
+def _max_dim_both(m, x):
+    values, index = x.max(dim=-1, keepdim=True)
+    return values * 2.0, index
+
+
+def _var(m, x):
+    return (x.var(dim=1), x.var(dim=(2, 3), keepdim=True, correction=0), torch.var(x, dim=-1, unbiased=True))
+
+
+def _batch_norm(m, x):
+    return m.mods[0](x), m.mods[1](x.mean(dim=2))
+
+
+def _coarse(shape, seed):
+    """Values on a coarse grid: many equal codes, so ties in max / min / argmax are exercised."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(-4, 5, shape, generator=g).float() * 0.5
+
+
+def _normal(shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _bn_model():
+    torch.manual_seed(SEED)
+    bn2, bn1 = nn.BatchNorm2d(4), nn.BatchNorm1d(4)
+    for bn in (bn2, bn1):
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.3, 2.0)
+        bn.weight.data.uniform_(-2, 2)
+        bn.bias.data.uniform_(-1, 1)
+    return Prefix(_batch_norm, bn2, bn1)
+
+
+FAMILIES = {
+    # name: (model factory, input factory, IR op kinds that must appear)
+    "sum_mean": (lambda: Prefix(_sum_mean), _normal, {"reduce_sum"}),
+    "extremes": (lambda: Prefix(_extremes), _coarse, {"reduce_max", "reduce_min"}),
+    "indices": (lambda: Prefix(_indices), _coarse, {"argmax", "argmin"}),
+    "max_dim_both": (lambda: Prefix(_max_dim_both), _coarse, {"reduce_max", "argmax"}),
+    "var": (lambda: Prefix(_var), _normal, {"reduce_sum", "sub"}),
+    "batch_norm": (_bn_model, _normal, {"mul", "add"}),
+}
+SHAPE = (2, 4, 5, 6)
+
+
+def _compile(name):
+    factory, make_input, kinds = FAMILIES[name]
+    model = factory().eval()
+    x = make_input(SHAPE, SEED)
+    calibration = [(x,), (make_input(SHAPE, SEED + 1) * 1.2,)]
+    prog = qlower.compile(model, (x,), target="reference", calibration=calibration, progress=False)
+    return model, x, prog, kinds
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    return (request.param, *_compile(request.param))
+
+
+def test_integer_ops_and_no_float_fallback(family):
+    name, _, _, prog, kinds = family
+    ops = prog.source.count_ops()
+    assert "aten" not in ops, [op.attrs["target"] for op in prog.source.ops if op.kind == "aten"]
+    assert kinds <= set(ops), ops
+    for op in prog.source.ops:
+        if op.kind not in BOUNDARY:  # everything between the boundary quantize / dequantize is integer
+            assert all(r.dtype.is_integer for r in op.results), f"{name}: float {op.kind}"
+
+
+def test_targets_bit_exact_with_reference(family):
+    name, _, x, prog, kinds = family
+    want = run_graph(prog.source, [x.numpy()])
+    for target in TARGETS:
+        lowered = lower_graph(prog.source, target)
+        got = lowered.run(x)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(g, w, err_msg=f"{name} on {target}")
+        if target.startswith("tosa"):
+            host = [d.op.kind for d in lowered.decisions]
+            assert not set(host) - BOUNDARY, f"{name}: left on the host on {target}: {host}"
+            assert lowered.partitions
+
+
+def test_reference_within_one_step_of_fake_quant(family):
+    name, model, x, prog, kinds = family
+    _, make_input, _ = FAMILIES[name]
+    batches = [(x,), (make_input(SHAPE, SEED + 7),)]
+    cmp = compare_with_fake_quant(prog.frontend, batches)
+    assert cmp.layers.total > 0 and cmp.layers.max_step <= 1, f"{name}: {cmp}"
+    assert cmp.outputs.max_step <= 1, f"{name}: {cmp}"
+    for (xb,) in batches:  # integer results (indices) must be exactly fake-quant's
+        with torch.no_grad():
+            fq = prog.frontend.fake_quant(xb)
+        fq = fq if isinstance(fq, (tuple, list)) else (fq,)
+        for ours, theirs in zip(run_graph(prog.source, [xb.numpy()]), fq):
+            if not theirs.dtype.is_floating_point:
+                np.testing.assert_array_equal(ours, theirs.numpy())
+                assert ours.shape == tuple(theirs.shape)
+
+
+def test_unfolded_batch_norm_float_import_and_folded_one_untouched():
+    """quant=None keeps the float BatchNorm rule; a BatchNorm after a conv is still folded into it."""
+    model = _bn_model().eval()
+    x = _normal(SHAPE, SEED)
+    prog = qlower.compile(model, (x,), target="reference", quant=None, progress=False)
+    with torch.no_grad():
+        want = model(x)
+    for got, w in zip(prog.run(x), want):
+        np.testing.assert_allclose(got, w.numpy(), rtol=1e-5, atol=1e-5)
+
+    torch.manual_seed(SEED)
+    folded = nn.Sequential(nn.Conv2d(4, 4, 3, padding=1), nn.BatchNorm2d(4)).eval()
+    prog = qlower.compile(folded, (x,), target="reference", progress=False)
+    ops = prog.source.count_ops()
+    assert ops.get("conv2d") == 1 and "add" not in ops and "aten" not in ops, ops
+
+
+def test_var_beyond_int32_falls_back_to_float():
+    """N²·max|d|² beyond int32: the float fallback takes var, and says so."""
+    model = Prefix(lambda m, x: x.var(dim=-1)).eval()
+    x = _normal((1, 2, 512), SEED)
+    prog = qlower.compile(model, (x,), target="cpu", progress=False)
+    fallbacks = [op.attrs["target"] for op in prog.source.ops if op.kind == "aten"]
+    assert len(fallbacks) == 1 and fallbacks[0].startswith("aten.var."), fallbacks
+    np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x.numpy()])[0])
