@@ -61,7 +61,7 @@ def conv_graph() -> Graph:
 
 
 def movement_graph() -> Graph:
-    """Two inputs rescaled and concatenated (variadic), table, transpose, pad, slices, avg_pool,
+    """Two inputs rescaled and concatenated (variadic), table, transpose, pad, gather, slices, avg_pool,
     reductions, int32 add/sub/mul/intdiv, matmul, uint8 codes, casts."""
     rng = np.random.default_rng(11)
     b = GraphBuilder("movement")
@@ -76,7 +76,9 @@ def movement_graph() -> Graph:
              out=q, name="lut", origin=Origin("act", "blocks.0.act", "model.py:30"))
     tr = b.op("transpose", t, perm=(0, 3, 1, 2), name="nchw")
     p = b.op("pad", tr, pads=(0, 0, 0, 0, 1, 1, 2, 0), value=-5, name="padded")
-    s1 = b.op("slice", p, start=(0, 0, 0, 0), stop=(1, 16, 6, 6), step=(1, 2, 1, 3), name="strided")
+    order = b.constant(rng.permutation(16).astype(np.int32), QuantSpec(INT32, (1.0,), (0,), 0, 15), name="order")
+    g = b.op("gather", p, order, axis=1, name="reordered")
+    s1 = b.op("slice", g, start=(0, 0, 0, 0), stop=(1, 16, 6, 6), step=(1, 2, 1, 3), name="strided")
     s2 = b.op("slice", p, start=(0, 1, 1, 1), stop=(1, 9, 5, 5), name="window")
     nhwc = b.op("transpose", s2, perm=(0, 2, 3, 1), name="nhwc")
     ap = b.op("avg_pool2d", nhwc, kernel=(2, 2), stride=(2, 2), pad=(0, 0, 0, 0), name="avg")
