@@ -163,6 +163,8 @@ class ImportContext:
                 quant = quant.with_axis(perm.index(quant.axis))
         elif ref.data.dtype.kind == "f":
             data = ref.data.astype(np.float32)
+        elif ref.data.dtype.kind == "b":  # a mask (read by a float fallback such as where)
+            data = ref.data
         else:
             raise self.unsupported(f"an integer constant ({ref.data.dtype}) without quantization can't be imported")
         origin = ref.origin or self.origin_of(self.node)

@@ -28,6 +28,19 @@ _KEEP_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", 
 MAX_ROUNDS = 4
 
 
+def _decomposition_of(target: torch._ops.OpOverload) -> dict:
+    """The decomposition of ``target``: qlower's own (decompositions.py), else export's default table,
+    else torch._decomp's."""
+    from torch._decomp import decomposition_table
+
+    from qlower.frontend.decompositions import QLOWER_DECOMPOSITIONS
+
+    for table in (QLOWER_DECOMPOSITIONS, torch.export.default_decompositions(), decomposition_table):
+        if target in table:
+            return {target: table[target]}
+    return {}  # composite-implicit ops decompose without an entry
+
+
 def _decomposition(node: Node) -> tuple[GraphModule, list[Node], object] | None:
     """The op of ``node`` alone, exported and decomposed: (module, its tensor inputs, output spec)."""
     target = node.target
@@ -51,8 +64,7 @@ def _decomposition(node: Node) -> tuple[GraphModule, list[Node], object] | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             program = torch.export.export(Call(), examples, strict=False)
-            table = torch.export.default_decompositions()
-            program = program.run_decompositions({target: table[target]} if target in table else {})
+            program = program.run_decompositions(_decomposition_of(target))
     except Exception:  # noqa: BLE001  (no decomposition: the op stays as it is)
         return None
     module = program.module(check_guards=False)

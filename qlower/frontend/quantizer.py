@@ -97,6 +97,9 @@ EXTREMES = {aten.max, aten.min}
 OWN_OUTPUT |= {aten.var, torch.ops.qlower.channel_affine}  # channel_affine: an unfolded BatchNorm
 
 
+COMPARE = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}
+
+
 def packet(node: Node):
     """The OpOverloadPacket of an aten call (so .default/.Tensor/.int overloads match alike)."""
     return getattr(node.target, "overloadpacket", None) if node.op == "call_function" else None
@@ -121,6 +124,24 @@ def _fills_minus_inf(x: object) -> bool:
         if isinstance(a, float) and a == float("-inf"):
             return True
     return False
+
+
+def _one_domain(node: Node) -> tuple[list[Node], bool] | None:
+    """Ops whose tensor operands share one domain (rules/compare.py): (those operands, whether the result
+    shares it too; comparisons give bools). None for any other op."""
+    p, target = packet(node), node.target
+    if p in (aten.minimum, aten.maximum):
+        operands, output = node.args[:2], True
+    elif target == aten.where.self:
+        operands, output = node.args[1:3], True
+    elif p is aten.clamp and any(isinstance(a, Node) for a in (*node.args[1:], *node.kwargs.values())):
+        operands, output = (node.args[0], *node.args[1:], *node.kwargs.values()), True
+    elif p in COMPARE:
+        operands, output = node.args[:2], False
+    else:
+        return None
+    tensors = [a for a in operands if _is_float(a)]
+    return (tensors, output) if tensors else None
 
 
 def _annotate(node: Node, inputs: dict[Node, object], output: object = None, share: bool = True) -> None:
@@ -227,7 +248,7 @@ class QlowerQuantizer(Quantizer):
         if node in self._node_overrides or len(node.users) != 1:
             return None
         user = next(iter(node.users))
-        return user if packet(user) in ACTIVATIONS else None
+        return user if packet(user) in ACTIVATIONS and _one_domain(user) is None else None
 
     def _annotate_static(self, model: GraphModule) -> None:
         const = _Constants(model)
@@ -253,12 +274,17 @@ class QlowerQuantizer(Quantizer):
                     _annotate(fused, {}, act)
             elif p in MATMUL:
                 _annotate(n, {a: act for a in n.args[:2] if isinstance(a, Node)}, act)
-            elif p in BINARY:
+            elif p in BINARY and n not in const:  # constant arithmetic is folded at import
                 inputs = {a: act for a in n.args[:2] if isinstance(a, Node) and a not in const}
                 fused = self._fusable_activation(n) if p not in (aten.mul, aten.mul_, aten.div, aten.div_) else None
                 _annotate(n, inputs, None if fused else act)
                 if fused is not None:
                     _annotate(fused, {}, act)
+            elif n not in const and _one_domain(n) is not None:
+                tensors, shares_output = _one_domain(n)
+                shared = SharedQuantizationSpec((tensors[0], n))
+                _annotate(n, {a: act if i == 0 else shared for i, a in enumerate(tensors)},
+                          shared if shares_output else None)
             elif p in CONCAT:
                 tensors = [a for a in n.args[0] if isinstance(a, Node)]
                 shared = SharedQuantizationSpec((tensors[0], n))
