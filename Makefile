@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/compile.py --repeat 1 --targets ethos-u85-256 ethos-u55-128 vgf+int \
 		--json benchmarks/results/compile_npu.json
 	$(BIN)/python benchmarks/latency.py
+	$(BIN)/python benchmarks/coverage.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

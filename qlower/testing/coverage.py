@@ -155,7 +155,7 @@ def op_shares(program: Program) -> dict[str, float | int]:
     is integer, and the share that runs inside delegate partitions."""
     ops = [op for op in program.source.ops if op.kind not in PLUMBING]
     if not ops:
-        return {"ops": 0, "integer_share": 1.0, "delegated_share": 0.0, "float_fallbacks": 0}
+        return {"ops": 0, "integer_share": 1.0, "delegated_share": 0.0, "float_fallbacks": 0, "fallback_targets": {}}
     delegated = _delegated_names(program)
     n_int = sum(not is_float_op(op) for op in ops)
     n_del = sum(all(r.name in delegated for r in op.results) for op in ops)

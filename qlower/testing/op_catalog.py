@@ -277,6 +277,8 @@ C = "corner"
 _add(C, "add_alpha", lambda a, b: torch.add(a, b, alpha=2), [X4, X4])
 _add(C, "sub_alpha", lambda a, b: torch.sub(a, b, alpha=0.5), [X4, X4])
 _add(C, "int_input_add", lambda a, i: a + i, [ROW, ROW], ["act", "int"], note="float + int64 graph input")
+_add(C, "conv1x1_one_channel_batch2", factory(lambda: nn.Conv2d(1, 1, 1)), [(2, 1, 4, 8)], ["float"],
+     note="a 1-channel conv is also depthwise; batch 2")
 _add(C, "int_input_only", lambda i: i * 3 + 1, [ROW], ["int"], note="integer arithmetic on an int64 graph input")
 
 FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(c.family for c in CASES))
