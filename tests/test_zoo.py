@@ -20,6 +20,8 @@ from qlower.zoo import digits, scenarios
 NAMES = [
     "tiny_cnn", "mobilenet_v2", "resnet18", "vit_block", "digits_cnn",
     "s0_dynamic_biasless", "s1_conv_relu_cat", "s2_perchannel_binary", "s3_const_cat", "s4_attention",
+    "mobilenet_v3_small", "efficientnet_lite", "convnext_block", "timm_vit_tiny", "mobilevit_block", "unet_tiny",
+    "ds_cnn_kws", "lstm_kws",
 ]  # fmt: skip
 S = 32  # test size for every resizable model
 
@@ -82,7 +84,7 @@ def test_default_sizes():
         assert m(*ex).shape == (1, 1000)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", list(SHAPES))  # the edge models: tests/test_zoo_edge_models.py
 def test_builds_runs_and_exports(name: str):
     rng_before = torch.get_rng_state()
     model, example, config, calibration = build(name)
@@ -114,7 +116,7 @@ def test_builds_runs_and_exports(name: str):
             torch.testing.assert_close(exported.module()(*batch), model(*batch), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", list(SHAPES))
 def test_deterministic(name: str):
     a, b = build(name), build(name)
     sa, sb = a.model.state_dict(), b.model.state_dict()
