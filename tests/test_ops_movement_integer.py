@@ -145,6 +145,9 @@ def test_movement_ops_are_integer_and_exact(family):
     tosa = progs["tosa-1.0+int"]
     on_host = [(d.op.kind, d.reason) for d in tosa.decisions if d.op.kind in MOVEMENT]
     assert tosa.partitions and not on_host, on_host
+    if family == "reorder":  # constant gathers: GATHER, and a flip is one REVERSE
+        emitted = {k for p in tosa.partitions for k in p.payload.meta["tosa_ops"]}
+        assert {"GATHER", "REVERSE"} <= emitted, emitted
     _check_exact(progs, (_randn(1, 3, 6, 6, seed=SEED + 1),))
 
 

@@ -123,13 +123,16 @@ def _reduce_max(lw: Lowerer, op: Op) -> Tensor:
 @lowering("gather")
 def _gather(lw: Lowerer, op: Op) -> Tensor:
     """GATHER reads values [N, K, C] and int32 indices [N, W]: the IR axis splits the input into
-    (outer, axis, inner) with no data moved; the constant indices are repeated for every outer row."""
+    (outer, axis, inner) with no data moved; the constant indices are repeated for every outer row.
+    Indices that reverse the whole axis (a flip) are one REVERSE instead."""
     x, idx = lw.t(op.operands[0]), lw.t(op.operands[1])
     axis = op.attrs["axis"]
     outer, inner = math.prod(x.shape[:axis]), math.prod(x.shape[axis + 1:])
     width, size = math.prod(idx.shape), x.shape[axis]
     if not idx.is_const or (idx.data.size and not (0 <= idx.data.min() and idx.data.max() < size)):
         raise ValueError(f"GATHER indices must be constants in 0..{size - 1} (support() takes no others)")
+    if idx.data.ndim == 1 and size > 1 and np.array_equal(idx.data, np.arange(size - 1, -1, -1)):
+        return lw.emit(Op_.REVERSE, [x], x.shape, x.dtype, attr("Reverse", axis))  # a flip
     values = lw.reshape(x, (outer, size, inner))
     indices = lw.w.const(np.tile(idx.data.reshape(1, width), (outer, 1)), idx.dtype)
     out = lw.emit(Op_.GATHER, [values, indices], (outer, width, inner), x.dtype, attr("Gather"))
