@@ -62,7 +62,7 @@ def conv_graph() -> Graph:
 
 def movement_graph() -> Graph:
     """Two inputs rescaled and concatenated (variadic), table, transpose, pad, gather, slices, avg_pool,
-    reductions, int32 add/sub/mul/intdiv, matmul, uint8 codes, casts."""
+    reductions (sum, max, min, argmax, argmin), int32 add/sub/mul/intdiv, matmul, uint8 codes, casts."""
     rng = np.random.default_rng(11)
     b = GraphBuilder("movement")
     q = QuantSpec.per_tensor(0.1, 0)
@@ -83,6 +83,10 @@ def movement_graph() -> Graph:
     nhwc = b.op("transpose", s2, perm=(0, 2, 3, 1), name="nhwc")
     ap = b.op("avg_pool2d", nhwc, kernel=(2, 2), stride=(2, 2), pad=(0, 0, 0, 0), name="avg")
     rm = b.op("reduce_max", ap, axis=3, name="rmax")
+    # unused results (the outputs stay as they are): they cover reduce_min / argmax / argmin in files and plans
+    rmin = b.op("reduce_min", ap, axis=2, name="rmin")
+    b.op("argmax", rmin, axis=1, name="first_max")
+    b.op("argmin", ap, axis=3, name="first_min")
     r32 = b.op("rescale", ap, out=_per_tensor32(0.01), name="wide")
     k = b.constant(np.full((1, 1, 1, 8), 3, np.int32), _per_tensor32(0.01), name="k")
     ad = b.op("add", r32, k, name="plus")
