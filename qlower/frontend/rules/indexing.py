@@ -32,7 +32,8 @@ from qlower.ir import DType, QuantSpec, Value
 aten = torch.ops.aten
 
 
-def _runtime_or_per_tensor(ctx: ImportContext, x: Ref) -> Ref:
+def _movable(ctx: ImportContext, x: Ref) -> Ref:
+    """``x`` as floats, plain integers or per-tensor codes (elements keep their meaning wherever they go)."""
     x = _float_ref(ctx, x)
     if x.spec is not None and x.spec.is_per_channel:
         raise ctx.unsupported("moving elements of a per-channel quantized tensor")
@@ -80,7 +81,7 @@ def gather_constant(ctx: ImportContext, x: Ref, d: int, index: np.ndarray) -> Re
 
 @register(aten.split, aten.split_with_sizes)
 def split(ctx: ImportContext, node, input: Ref, split_size=None, split_sizes=None, dim=0, **_):
-    x = _runtime_or_per_tensor(ctx, input)
+    x = _movable(ctx, input)
     d = layout.normalize_axis(dim, x.rank)
     size = x.torch_shape[d]
     sizes = split_sizes if split_sizes is not None else split_size
@@ -100,7 +101,7 @@ def split(ctx: ImportContext, node, input: Ref, split_size=None, split_sizes=Non
 
 @register(aten.unbind)
 def unbind(ctx: ImportContext, node, input: Ref, dim=0, **_):
-    x = _runtime_or_per_tensor(ctx, input)
+    x = _movable(ctx, input)
     d = layout.normalize_axis(dim, x.rank)
     return tuple(_drop_dim(ctx, slice_along(ctx, x, d, i, i + 1, 1), d) for i in range(x.torch_shape[d]))
 
@@ -109,7 +110,7 @@ def unbind(ctx: ImportContext, node, input: Ref, dim=0, **_):
 
 @register(aten.flip)
 def flip(ctx: ImportContext, node, input: Ref, dims, **_):
-    x = _runtime_or_per_tensor(ctx, input)
+    x = _movable(ctx, input)
     for d in sorted({layout.normalize_axis(d, x.rank) for d in dims}):
         n = x.torch_shape[d]
         if n > 1:
@@ -127,7 +128,7 @@ def _roll_dim(ctx: ImportContext, x: Ref, shift: int, d: int) -> Ref:
 
 @register(aten.roll)
 def roll(ctx: ImportContext, node, input: Ref, shifts, dims=(), **_):
-    x = _runtime_or_per_tensor(ctx, input)
+    x = _movable(ctx, input)
     shifts, dims = [int(s) for s in shifts], [int(d) for d in dims]
     if not dims:  # roll of the flattened tensor
         if len(shifts) != 1:
@@ -144,7 +145,7 @@ def roll(ctx: ImportContext, node, input: Ref, shifts, dims=(), **_):
 
 @register(aten.repeat)
 def repeat(ctx: ImportContext, node, input: Ref, repeats, **_):
-    x = _runtime_or_per_tensor(ctx, input)
+    x = _movable(ctx, input)
     repeats = [int(r) for r in repeats]
     k = len(repeats) - x.rank
     if k < 0 or any(r <= 0 for r in repeats):
@@ -172,7 +173,7 @@ def _index_value(ctx: ImportContext, index: Ref) -> Value:
 
 @register(aten.index_select)
 def index_select(ctx: ImportContext, node, input: Ref, dim, index: Ref, **_):
-    x = _runtime_or_per_tensor(ctx, input)
+    x = _movable(ctx, input)
     d = layout.normalize_axis(dim, x.rank)
     if index.is_const and index.quant is None:
         return gather_constant(ctx, x, d, index.data)
@@ -187,7 +188,7 @@ def index_select(ctx: ImportContext, node, input: Ref, dim, index: Ref, **_):
 @register(aten.index)
 def index(ctx: ImportContext, node, input: Ref, indices, **_):
     """``x[:, [1, 0, 3]]``: one constant 1-D integer index (negative ones count from the end)."""
-    x = _runtime_or_per_tensor(ctx, input)
+    x = _movable(ctx, input)
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
     if len(given) != 1:
         raise ctx.unsupported("advanced indexing with several index tensors")
@@ -205,7 +206,7 @@ def index(ctx: ImportContext, node, input: Ref, indices, **_):
 def gather(ctx: ImportContext, node, input: Ref, dim, index: Ref, sparse_grad=False, **_):
     """``torch.gather`` with a constant index: one flat ``gather`` in the value's own layout
     (the positions are computed here, so no transpose is needed)."""
-    x = _runtime_or_per_tensor(ctx, input)
+    x = _movable(ctx, input)
     if not (index.is_const and index.quant is None):
         raise ctx.unsupported("torch.gather with a run-time index (a constant index is supported)")
     d = layout.normalize_axis(dim, x.rank)
