@@ -133,6 +133,8 @@ def _one_domain(node: Node) -> tuple[list[Node], bool] | None:
     if p in (aten.minimum, aten.maximum):
         operands, output = node.args[:2], True
     elif target == aten.where.self:
+        if _fills_minus_inf(node):  # -inf has no code (masked attention scores): left float
+            return None
         operands, output = node.args[1:3], True
     elif p is aten.clamp and any(isinstance(a, Node) for a in (*node.args[1:], *node.kwargs.values())):
         operands, output = (node.args[0], *node.args[1:], *node.kwargs.values()), True

@@ -67,9 +67,9 @@ def _per_tensor_scale(ctx: ImportContext, r: Ref) -> float:
 @register(aten.add, aten.add_, aten.sub, aten.sub_)
 def add_sub(ctx: ImportContext, node, input, other, alpha=1, **_):
     kind = "sub" if packet(node) in (aten.sub, aten.sub_) else "add"
-    if alpha != 1:
-        raise ctx.unsupported(f"{kind} with alpha={alpha}; write the scaling as a separate multiplication")
     refs = [_float_ref(ctx, operand(input)), _float_ref(ctx, operand(other))]
+    if alpha != 1:
+        refs[1] = _times_alpha(ctx, refs[1], alpha)
     quantized = [_static_quantized(r) for r in refs]
     if not any(quantized) or not all(q or r.is_float_const for q, r in zip(quantized, refs)):
         perm, (a, b) = ctx.broadcast(refs, floats=True)
@@ -84,13 +84,26 @@ def add_sub(ctx: ImportContext, node, input, other, alpha=1, **_):
     return ctx.requant(out, perm)
 
 
+def _times_alpha(ctx: ImportContext, r: Ref, alpha: float) -> Ref:
+    """``alpha * r`` for add/sub: a float constant scaled; int8 codes as int32 times ``alpha`` held exactly
+    (a ±1 code at scale ``|alpha|``), so only the usual common-scale rescale rounds."""
+    if r.is_float_const:
+        return Ref.constant((r.data.astype(np.float64) * alpha).astype(np.float32), origin=r.origin)
+    if not _static_quantized(r):
+        raise ctx.unsupported(f"alpha={alpha} on a float operand")
+    perm, (v, c) = ctx.broadcast([r, exact_multiplier(ctx, np.array(float(alpha)), r.rank)])
+    codes = ctx.rescale(v, QuantSpec.per_tensor(_per_tensor_scale(ctx, r), 0, DType.INT32), perm)
+    return Ref.of(ctx.emit("mul", codes, c, perm=perm), perm)
+
+
 def exact_multiplier(ctx: ImportContext, c: np.ndarray, rank: int) -> Ref:
     """A float constant as int32 codes for ``mul``: exact (±1 × |c| per channel) when it varies
     along at most one axis, else codes at scale ``max|c| / 2**20``."""
     c = c.astype(np.float64).reshape((1,) * (rank - c.ndim) + c.shape)
     axes = [d for d in range(c.ndim) if c.shape[d] > 1]
-    if not axes:
-        v = float(c.reshape(-1)[0]) if c.size else 0.0
+    magnitudes = np.unique(np.abs(c[c != 0]))
+    if len(magnitudes) <= 1:  # one magnitude (a scalar, a 0/1 or ±1 mask): per tensor, the signs as codes
+        v = float(magnitudes.max(initial=0.0))
         spec = QuantSpec.per_tensor(abs(v) or 1.0, 0, DType.INT32)
         return Ref.constant(np.sign(c).astype(np.int32), spec)
     if len(axes) == 1:
@@ -174,7 +187,8 @@ def hardtanh(ctx: ImportContext, node, input, min_val=-1.0, max_val=1.0, **_):
 @register(aten.clamp, aten.clamp_)
 def clamp(ctx: ImportContext, node, input, min=None, max=None, **_):  # noqa: A002  (schema names)
     if isinstance(min, Ref) or isinstance(max, Ref):
-        raise ctx.unsupported("clamp with tensor bounds")
+        from qlower.frontend.rules.compare import clamp_tensor  # compare builds on this module
+        return clamp_tensor(ctx, input, min, max)
     return clamp_to(ctx, input, min, max)
 
 
