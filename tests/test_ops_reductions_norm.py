@@ -15,6 +15,7 @@ from torch import nn
 
 import qlower
 from qlower.api import lower_graph
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
 from qlower.reference import run_graph
 from qlower.testing.frontend import compare_with_fake_quant
 
@@ -177,3 +178,27 @@ def test_var_beyond_int32_falls_back_to_float():
     fallbacks = [op.attrs["target"] for op in prog.source.ops if op.kind == "aten"]
     assert len(fallbacks) == 1 and fallbacks[0].startswith("aten.var."), fallbacks
     np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x.numpy()])[0])
+
+
+@pytest.mark.parametrize("kind", ["reduce_max", "reduce_min", "argmax", "argmin"])
+@pytest.mark.parametrize("dtype", [DType.INT8, DType.INT16])
+def test_order_reductions_over_the_whole_code_range(kind, dtype):
+    """Every code including both extremes (the complement trick of TOSA's argmin must not overflow), with ties."""
+    rng = np.random.default_rng(SEED)
+    info = np.iinfo(dtype.numpy)
+    shape = (3, 4, 6)
+    data = rng.choice(np.array([info.min, info.min + 1, -1, 0, 1, info.max - 1, info.max]), shape)
+    data[0, 0, :] = info.min  # a row of equal codes: the first index wins
+    data[1, :, 2] = info.max
+    b = GraphBuilder()
+    x = b.input("x", TensorType(shape, dtype, QuantSpec.per_tensor(0.1, 3, dtype)))
+    graph = verify(b.build([b.op(kind, x, axis=axis) for axis in range(3)]))
+    want = run_graph(graph, [data.astype(dtype.numpy)])
+    expect = {"reduce_max": np.max, "reduce_min": np.min, "argmax": np.argmax, "argmin": np.argmin}[kind]
+    for axis in range(3):
+        np.testing.assert_array_equal(want[axis], expect(data, axis=axis, keepdims=True))
+    for target in TARGETS:
+        got = lower_graph(graph, target).run(data.astype(dtype.numpy))
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype
+            np.testing.assert_array_equal(g, w, err_msg=f"{kind} on {target}")

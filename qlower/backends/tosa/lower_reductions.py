@@ -1,9 +1,11 @@
 """Lowerings of the order reductions: reduce_min (REDUCE_MIN), argmax (ARGMAX) and argmin.
 
 TOSA's ARGMAX drops the reduced axis and the IR keeps it: a RESHAPE puts it
-back. TOSA 1.0 has no ARGMIN: the codes are complemented first (BITWISE_NOT,
-``~x = -x - 1``), a bijection of int8 / int16 that reverses their order, so the
-first largest complement is exactly the first smallest code.
+back. TOSA 1.0 has no ARGMIN: the codes are complemented first (``~x = -x - 1``),
+a bijection of int8 / int16 that reverses their order, so the first largest
+complement is exactly the first smallest code. int8 complements with NEGATE
+(output zero point -1; Vela runs it on Ethos-U55, where it rejects BITWISE_NOT),
+int16 with BITWISE_NOT (NEGATE takes no int16 zero points).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ def _reduce_min(lw: Lowerer, op: Op) -> Tensor:
 def _arg_reduce(lw: Lowerer, op: Op) -> Tensor:
     x = lw.t(op.operands[0])
     axis = op.attrs["axis"] % x.rank
-    if op.kind == "argmin":
+    if op.kind == "argmin" and x.dtype == DT.INT8:  # -x - 1 as NEGATE with output zero point -1
+        x = lw.emit(Op_.NEGATE, [x, lw.zero_point(x, 0), lw.zero_point(x, -1)], x.shape, x.dtype, attr("Negate"))
+    elif op.kind == "argmin":
         x = lw.emit(Op_.BITWISE_NOT, [x], x.shape, x.dtype, attr("BitwiseNot"))
     if x.rank == 1:  # keep ARGMAX's result at rank >= 1
         x, axis = lw.reshape(x, (1,) + x.shape), 1
