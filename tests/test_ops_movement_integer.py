@@ -18,8 +18,10 @@ from torch import nn
 
 import qlower
 from qlower.api import lower_graph
-from qlower.errors import ExecutionError, InputError
-from qlower.ir import DType
+from qlower.backends.cpu import prepare
+from qlower.backends.tosa import TosaBackend
+from qlower.errors import CompileError, ExecutionError, InputError
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
 from qlower.reference import run_graph
 from qlower.verify import verify_program
 
@@ -228,3 +230,19 @@ def test_reshaped_ids_and_run_time_index_select():
     for prog in progs.values():
         with pytest.raises(ExecutionError, match="index 3 is out of range for axis 1 of size 3"):
             prog.run(np.array([[9, 0, 4], [2, 2, 7]]), np.array([3, 0]))
+
+
+def test_gather_with_indices_outside_their_declared_range_never_reaches_tosa():
+    """A graph (e.g. from a hostile program file) whose constant indices break their declared range:
+    TOSA lowering refuses it (the TOSA reference model would abort), the host kernels raise."""
+    b = GraphBuilder()
+    x = b.input("x", TensorType((2, 5, 3), DType.INT8, QuantSpec.per_tensor(0.1, 3)))
+    lying = b.constant(np.array([4, 7], np.int32), QuantSpec(DType.INT32, (1.0,), (0,), 0, 4))
+    graph = verify(b.build([b.op("gather", x, lying, axis=1)]))
+    codes = np.arange(30, dtype=np.int8).reshape(2, 5, 3)
+    with pytest.raises(CompileError, match="GATHER indices must be constants in 0..4"):
+        TosaBackend().lower(graph, "tosa-1.0+int")
+    with pytest.raises(ExecutionError, match="index 7 is out of range for axis 1 of size 5"):
+        run_graph(graph, [codes])
+    with pytest.raises(ExecutionError, match="index 7 is out of range for axis 1 of size 5"):
+        prepare(graph).run([codes])
