@@ -13,7 +13,9 @@ Integer recipes, all exact on per-tensor codes:
   the scale of an int32 constant 1, and the only rounding is the final ``rescale`` to the output.
 
 Float or per-channel inputs (and a var whose sums could overflow int32) raise ``ctx.unsupported``:
-the op then runs in float on the host.
+the op then runs in float on the host. Rules are registered per overload, only for core ATen ones
+(which have that fallback) and ``max`` / ``min`` of a whole tensor (reduced in float IR ops here);
+other overloads (``max.other``, ``var.default``, ...) are decomposed before quantization as before.
 """
 
 from __future__ import annotations
@@ -78,35 +80,35 @@ def index_of(ctx: ImportContext, x: Ref, dim: int | None, kind: str, keepdim: bo
     return Ref.of(index, x.perm) if keepdim else _squeeze(ctx, index, x.perm, x.torch_shape, [d])
 
 
-@register(aten.amax, aten.amin)
+@register(aten.amax.default, aten.amin.default)
 def amax_amin(ctx: ImportContext, node, input: Ref, dim=(), keepdim=False, **_):
     kind = "reduce_max" if packet(node) is aten.amax else "reduce_min"
     x = _codes(ctx, input, str(packet(node)))
     return extreme(ctx, x, _dims(x, dim), kind, keepdim)
 
 
-@register(aten.max, aten.min)
-def max_min(ctx: ImportContext, node, input: Ref, dim=None, keepdim=False, other=None, **_):
+@register(aten.max.default, aten.max.dim, aten.min.default, aten.min.dim)
+def max_min(ctx: ImportContext, node, input: Ref, dim=None, keepdim=False, **_):
     is_max = packet(node) is aten.max
-    name = node.target._overloadname
-    if name not in ("default", "dim"):
-        raise ctx.unsupported(f"{node.target}: only max/min of a tensor or along a dim have an integer rule")
-    x = _codes(ctx, input, str(node.target))
     kind = "reduce_max" if is_max else "reduce_min"
-    if name == "default":
+    if node.target._overloadname == "default":  # not core ATen (no float fallback): floats reduced here
+        x = _float_ref(ctx, input)
+        if not _static_quantized(x):
+            x = Ref.of(ctx.as_float(x), x.perm)
         return extreme(ctx, x, _dims(x, None), kind, False)
+    x = _codes(ctx, input, str(node.target))
     values = extreme(ctx, x, _dims(x, dim), kind, keepdim)
     indices = index_of(ctx, x, dim, "argmax" if is_max else "argmin", keepdim)
     return values, indices
 
 
-@register(aten.argmax, aten.argmin)
+@register(aten.argmax.default, aten.argmin.default)
 def argmax_argmin(ctx: ImportContext, node, input: Ref, dim=None, keepdim=False, **_):
     x = _codes(ctx, input, str(packet(node)))
     return index_of(ctx, x, dim, "argmax" if packet(node) is aten.argmax else "argmin", keepdim)
 
 
-@register(aten.var)
+@register(aten.var.dim, aten.var.correction)
 def var(ctx: ImportContext, node, input: Ref, dim=None, unbiased=None, correction=None, keepdim=False, **_):
     x = _codes(ctx, input, "var")
     dims = _dims(x, dim)
