@@ -12,6 +12,7 @@ from qlower.backends.tosa import TosaBackend
 from qlower.backends.tosa.support import DYNAMIC_REASON, FLOAT_REASON
 from qlower.errors import CompileError, UnsupportedOpError
 from qlower.ir import OPS, DType, GraphBuilder, QuantSpec, TensorType
+from qlower.reference.aten_fallback import Operand, encode_call
 
 BACKEND = TosaBackend()
 INT, FP = "tosa-1.0+int", "tosa-1.0+int+fp"
@@ -132,6 +133,11 @@ CASES = [
     ("cast int8->float", unary("cast", i8((2, 3)), dtype=DType.FLOAT32), FLOAT_REASON, YES),
     *[(k, unary(k, f32((2, 3))), FLOAT_REASON, YES) for k in ("sigmoid", "tanh", "exp", "erf", "reciprocal")],
     ("softmax", unary("softmax", f32((2, 3)), axis=1), FLOAT_REASON, YES),
+    ("aten fallback", lambda b: b.op("aten", (b.input("x", f32((2, 3))),), target="aten.cumsum.default",
+                                     args=encode_call([Operand(0), 1], {}), in_dtypes=("float32",),
+                                     out_types=(f32((2, 3)),), out_dtypes=("float32",))[0],
+     "no quantized rule for aten.cumsum.default; runs in float on the host",
+     "no quantized rule for aten.cumsum.default; runs in float on the host"),
 ]
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from qlower import requant
 from qlower.errors import CompileError
 from qlower.ir import DType, Op, TensorType
+from qlower.reference.aten_fallback import fallback_reason
 
 MAX_RANK = 6          # TOSA 1.0 level 8K
 MAX_KERNEL = 8192     # level 8K: kernel extent, stride and padding
@@ -42,7 +43,9 @@ FLOAT_REASON = ("float op: the TOSA-1.0+INT profile takes only integer ops "
 DYNAMIC_REASON = ("dynamic quantization computes its scale at run time: stays on the host "
                   "(TOSA 1.0 has no exact float division to compute max|x| / qmax)")
 
-_TOSA_DTYPES = {DType.INT8, DType.INT16, DType.INT32, DType.FLOAT32}
+_TOSA_DTYPES = {DType.INT8, DType.INT16, DType.INT32, DType.FLOAT32, DType.BOOL}
+_BOOL_OPS = {"equal", "greater", "greater_equal", "select", "logical_and", "logical_or", "logical_xor",
+             "logical_not"}
 
 
 def profile_for(target: str) -> Profile:
@@ -92,7 +95,11 @@ def check(op: Op, profile: Profile) -> str | None:
         return DYNAMIC_REASON
     if op.kind == "delegate":
         return "a delegate call runs on the host"
+    if op.kind == "aten":
+        return fallback_reason(op.attrs["target"])
     for t in _types(op):
+        if t.dtype is DType.BOOL and op.kind not in _BOOL_OPS and op.kind != "constant":
+            return f"bool tensor: on TOSA only {', '.join(sorted(_BOOL_OPS))} take bool tensors here"
         if t.dtype not in _TOSA_DTYPES:
             return (f"{t.dtype.value} tensor: the TOSA 1.0 INT and FP profiles have no {t.dtype.value} "
                     "tensors (convert on the host)")
@@ -248,5 +255,6 @@ def _yes(op: Op, profile: Profile) -> str | None:
 
 for _kind in ("add", "sub", "intdiv", "concat", "reshape", "transpose", "slice", "reduce_sum",
               "reduce_max", "reduce_min", "table", "dequantize", "cast", "sigmoid", "tanh", "exp", "erf", "reciprocal",
-              "softmax"):
+              "softmax", "minimum", "maximum", "equal", "greater", "greater_equal", "select", "logical_and",
+              "logical_or", "logical_xor", "logical_not"):
     _check(_kind)(_yes)
