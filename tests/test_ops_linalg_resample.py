@@ -4,7 +4,8 @@ Families: mm / addmm / bmm / baddbmm / matmul with batch broadcasting and 1-D op
 scaled_dot_product_attention without a mask and with a constant float mask (and with a bool mask:
 matmuls integer, the softmax of -inf-filled scores in float); conv1d, dilated grouped conv2d;
 conv_transpose1d / conv_transpose2d (stride, padding, output padding, dilation, groups);
-upsample nearest (integer factors, sizes, fractional factors); avg_pool2d with count_include_pad,
+upsample nearest (integer factors, sizes, fractional factors); bilinear (align_corners both ways,
+scale factors and sizes, exact int32 blends); avg_pool2d with count_include_pad,
 ceil_mode and divisor_override; adaptive_avg_pool2d to uniform and non-uniform windows; dilated
 max_pool2d.
 
@@ -95,6 +96,16 @@ def _nearest():
     return Family(f), [(2, 3, 4, 5)]
 
 
+def _bilinear():
+    def f(m, x):
+        return (F.interpolate(x, scale_factor=2, mode="bilinear"),
+                F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True),
+                F.interpolate(x, size=(7, 9), mode="bilinear", align_corners=True),
+                F.interpolate(x, size=(6, 10), mode="bilinear"), F.interpolate(x, scale_factor=1.5, mode="bilinear"),
+                F.interpolate(x, size=(3, 2), mode="bilinear"))
+    return Family(f), [(2, 3, 4, 6)]
+
+
 def _pools():
     def f(m, x):
         return (F.avg_pool2d(x, 3, 2, 1, count_include_pad=True), F.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
@@ -113,6 +124,7 @@ FAMILIES = {
     "attention": (_attention, {"matmul", "table", "intdiv"}),
     "convs": (_convs, {"conv2d", "pad"}),
     "nearest": (_nearest, {"concat", "slice"}),
+    "bilinear": (_bilinear, {"mul", "add", "rescale"}),
     "pools": (_pools, {"avg_pool2d", "max_pool2d", "conv2d", "slice", "pad"}),
 }
 
@@ -231,3 +243,16 @@ def test_float_attention_masks_match_eager():
         want = Plain()(*x)
     for got, w in zip(prog.run(*x), want):
         np.testing.assert_allclose(got, w.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_bilinear_beyond_int8_fractions_falls_back_to_float():
+    """Weights with a denominator over 127 (7 → 129 columns: k/129) aren't exact in int8: the float
+    fallback takes the op, says so, and the program still matches the reference on cpu."""
+    model = Family(lambda m, x: F.interpolate(x, size=(3, 129), mode="bilinear")).eval()
+    x = _inputs([(1, 2, 3, 7)], SEED)
+    prog = qlower.compile(model, x, target="cpu", progress=False)
+    fallbacks = [op.attrs["target"] for op in prog.source.ops if op.kind == "aten"]
+    assert fallbacks == ["aten.upsample_bilinear2d.vec"], fallbacks
+    np.testing.assert_array_equal(prog.run(*x)[0], run_graph(prog.source, [x[0].numpy()])[0])
+    cmp = compare_with_fake_quant(prog.frontend, [x])
+    assert cmp.outputs.max_step <= 1, cmp

@@ -78,7 +78,7 @@ LOOKUP = {aten.embedding}
 OWN_OUTPUT = {
     aten.avg_pool2d, aten.adaptive_avg_pool2d, aten.mean, aten.sum, aten.softmax, aten._softmax,
     aten.sigmoid, aten.tanh, aten.hardswish, aten.hardswish_, aten.hardsigmoid, aten.gelu, aten.silu,
-    aten.exp, aten.elu, aten.leaky_relu,
+    aten.exp, aten.elu, aten.leaky_relu, aten.upsample_bilinear2d,
 }
 # unary ops imported as lookup tables (rules/pointwise.py) and log_softmax: own input and output domains
 OWN_OUTPUT |= {
@@ -126,9 +126,10 @@ def _fills_minus_inf(x: object) -> bool:
     return False
 
 
-def _one_domain(node: Node) -> tuple[list[Node], bool] | None:
+def _one_domain(node: Node, const: object = ()) -> tuple[list[Node], bool] | None:
     """Ops whose tensor operands share one domain (rules/compare.py): (those operands, whether the result
-    shares it too; comparisons give bools). None for any other op."""
+    shares it too; comparisons give bools). None for any other op. Constant operands (in ``const``) stay
+    float: the importer quantizes them into the domain (exact for a pick or a comparison)."""
     p, target = packet(node), node.target
     if p in (aten.minimum, aten.maximum):
         operands, output = node.args[:2], True
@@ -142,7 +143,7 @@ def _one_domain(node: Node) -> tuple[list[Node], bool] | None:
         operands, output = node.args[:2], False
     else:
         return None
-    tensors = [a for a in operands if _is_float(a)]
+    tensors = [a for a in operands if _is_float(a) and a not in const]
     return (tensors, output) if tensors else None
 
 
@@ -190,7 +191,7 @@ class QlowerQuantizer(Quantizer):
         self.dyn_qmax = c.act_qmax
         self._node_overrides: dict[Node, FixedQParams] = {}
         self._edge_overrides: dict[tuple[Node, Node], FixedQParams] = {}
-        self.keep_float: set[str] = set()  # nodes left unquantized (non-finite results, see finite.py)
+        self.keep_float: set[str] = set()  # nodes with non-finite results, and their users: left float
 
     # -- dynamic specs -------------------------------------------------------------------
     def _dynamic_per_tensor(self) -> QuantizationSpec:
@@ -259,6 +260,8 @@ class QlowerQuantizer(Quantizer):
             p = packet(n)
             if p is None or "quantization_annotation" in n.meta:
                 continue
+            if n.name in self.keep_float or any(a.name in self.keep_float for a in n.all_input_nodes):
+                continue  # NaN or inf on the calibration data: no quantization can hold it
             if p in GEMM:
                 if not isinstance(n.args[1], Node) or n.args[1] not in const:
                     continue  # weight computed at run time: left float (the importer reports it)
@@ -282,8 +285,8 @@ class QlowerQuantizer(Quantizer):
                 _annotate(n, inputs, None if fused else act)
                 if fused is not None:
                     _annotate(fused, {}, act)
-            elif n not in const and _one_domain(n) is not None:
-                tensors, shares_output = _one_domain(n)
+            elif n not in const and _one_domain(n, const) is not None:
+                tensors, shares_output = _one_domain(n, const)
                 shared = SharedQuantizationSpec((tensors[0], n))
                 _annotate(n, {a: act if i == 0 else shared for i, a in enumerate(tensors)},
                           shared if shares_output else None)
@@ -308,7 +311,7 @@ class QlowerQuantizer(Quantizer):
                 table = n.args[0]
                 if _is_float(table) and table in const and n not in const:
                     _annotate(n, {table: act}, SharedQuantizationSpec((table, n)))
-            elif (p in ACTIVATIONS or p in OWN_OUTPUT) and _is_float(n.args[0]) and n.name not in self.keep_float:
+            elif (p in ACTIVATIONS or p in OWN_OUTPUT) and _is_float(n.args[0]):
                 _annotate(n, {} if _fills_minus_inf(n.args[0]) else {n.args[0]: act}, act)
 
     def _annotate_extreme(self, n: Node, const: _Constants) -> None:

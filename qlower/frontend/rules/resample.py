@@ -1,4 +1,5 @@
-"""upsample_nearest2d as pure data movement: integer codes keep their input's domain.
+"""upsample_nearest2d as pure data movement (integer codes keep their input's domain) and
+upsample_bilinear2d in exact int32 arithmetic (see ``upsample_bilinear2d``).
 
 The index maps are PyTorch's own: the op is evaluated at import time on a plane
 holding each element's row (or column) number, so every rounding rule of
@@ -18,7 +19,7 @@ from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.rules import register
 from qlower.frontend.rules.elementwise import _float_ref
-from qlower.ir import Value
+from qlower.ir import DType, QuantSpec, Value
 
 aten = torch.ops.aten
 MAX_RUNS = 64
@@ -87,3 +88,79 @@ def _repeat_each(ctx: ImportContext, v: Value, axis: int, r: int) -> Value:
     x = ctx.emit("concat", (x,) * r, perm=(), axis=2)
     shape = (n, h * r, w, c) if axis == 1 else (n, h, w * r, c)
     return ctx.emit("reshape", x, perm=layout.NHWC, shape=shape)
+
+
+# -- bilinear ------------------------------------------------------------------------------------
+
+MAX_DENOMINATOR = 127
+
+
+def interpolation_matrix(node, size: int, other: int, axis: int) -> np.ndarray:
+    """PyTorch's own interpolation weights along one spatial axis (``[out, in]``, float64): the op
+    evaluated on one-hot planes (plane ``c`` is 1 on row / column ``c``), everything else as in ``node``."""
+    shape = (1, size, size, other) if axis == 0 else (1, size, other, size)
+    planes = torch.zeros(shape, dtype=torch.float64)
+    for c in range(size):
+        if axis == 0:
+            planes[0, c, c, :] = 1.0
+        else:
+            planes[0, c, :, c] = 1.0
+    with torch.no_grad():
+        out = node.target(planes.float(), *node.args[1:], **node.kwargs).double()
+    return (out[0, :, :, 0] if axis == 0 else out[0, :, 0, :]).T.numpy()
+
+
+def exact_weights(matrix: np.ndarray) -> tuple[np.ndarray, int] | None:
+    """``matrix`` as integer codes over one denominator ``D <= 127`` (each row summing to ``D``), when
+    PyTorch's float32 weights are such fractions to within float32 rounding; else None."""
+    for d in range(1, MAX_DENOMINATOR + 1):
+        codes = np.rint(matrix * d)
+        if np.abs(matrix * d - codes).max(initial=0.0) < 1e-4 and np.all(codes.sum(axis=1) == d):
+            return codes.astype(np.int64), d
+    return None
+
+
+@register(aten.upsample_bilinear2d)
+def upsample_bilinear2d(ctx: ImportContext, node, input: Ref, **_):
+    """Separable, in exact int32: per axis, ``out = w0 · x[i0] + w1 · x[i1]`` with PyTorch's taps
+    and weights as integer fractions ``w / D`` (one denominator per axis, e.g. ``2r`` for an integer
+    factor ``r`` without align_corners), then one ``rescale`` to the output's domain."""
+    x = _float_ref(ctx, input)
+    if x.rank != 4 or not x.is_quantized or x.spec.is_per_channel or x.scale is not None:
+        raise ctx.unsupported("bilinear resampling is integer for int8 codes quantized per tensor")
+    v = ctx.value_in(x, layout.NHWC)
+    _, h, w, _ = v.shape
+    axes = []
+    for axis, (size, other) in enumerate(((h, w), (w, h))):
+        found = exact_weights(interpolation_matrix(node, size, other, axis))
+        if found is None:
+            raise ctx.unsupported("bilinear weights that aren't fractions k/D with D <= 127 in int8 "
+                                  "(a non-integer scale factor); runs in float")
+        axes.append(found)
+    v = ctx.rescale(v, QuantSpec.per_tensor(v.quant.scale[0], 0, DType.INT32), layout.NHWC)
+    for axis, (codes, denominator) in zip((1, 2), axes):
+        v = _blend(ctx, v, axis, codes, denominator)
+    return ctx.requant(v, layout.NHWC)
+
+
+def _blend(ctx: ImportContext, v: Value, axis: int, codes: np.ndarray, denominator: int) -> Value:
+    """``sum_j codes[o, j] · v[j]`` along ``axis`` (at most two taps per output), scale ``s / D``."""
+    taps = [np.flatnonzero(row) for row in codes]
+    if max(len(t) for t in taps) > 2:
+        raise ctx.unsupported("bilinear resampling with more than two taps per output")
+    first = np.array([t[0] for t in taps])
+    second = np.array([t[-1] for t in taps])
+    w_first = np.array([codes[o, t[0]] for o, t in enumerate(taps)])
+    w_second = np.array([codes[o, t[-1]] if len(t) == 2 else 0 for o, t in enumerate(taps)])
+    spec = QuantSpec.per_tensor(1.0 / denominator, 0, DType.INT32)
+    shape = [1, 1, 1, 1]
+    shape[axis] = len(taps)
+    total = None
+    for index, weights in ((first, w_first), (second, w_second)):
+        if not weights.any():
+            continue
+        gathered = _gather(ctx, v, axis, index)
+        c = ctx.constant(weights.reshape(shape).astype(np.int32), spec)  # already NHWC
+        term = ctx.emit("mul", gathered, c, perm=layout.NHWC)
+        total = term if total is None else ctx.emit("add", total, term, perm=layout.NHWC)
+    return total
