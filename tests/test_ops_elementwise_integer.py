@@ -142,3 +142,66 @@ def test_an_op_with_nan_on_calibration_data_stays_float():
     with torch.no_grad():
         eager = model(x).numpy()
     assert np.abs(prog.run(x)[0] - eager).max() < 0.1
+
+
+class Binary(nn.Module):
+    """Two convs of one input, then one branch per op."""
+
+    def __init__(self, fns):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 1)
+        self.fns = fns
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        return tuple(fn(a, b) for fn in self.fns)
+
+
+BINARY = {
+    "min_max_clamp": ([
+        torch.minimum, lambda a, b: torch.maximum(a, b * 2), lambda a, b: torch.clamp(a, b - 1, b + 1),
+        lambda a, b: torch.clamp(a, min=b), lambda a, b: torch.maximum(a, torch.full((1, 4, 1, 1), 0.25)),
+    ], {"minimum", "maximum", "clamp"}),
+    "alpha": ([
+        lambda a, b: torch.sub(a, b, alpha=0.5), lambda a, b: torch.add(a, b, alpha=-2),
+        lambda a, b: torch.add(a, torch.ones(1, 4, 1, 1), alpha=0.3),
+    ], {"sub", "add"}),
+    # comparisons give bools (not quantized): checked through the selects that read them
+    "compare_select": ([
+        lambda a, b: torch.where(a > 0.1, a, b), lambda a, b: torch.where(a <= b, a, b * 0.5),
+        lambda a, b: torch.where((a > b) & (a < 0.5) | ~(b >= a), a, b), lambda a, b: torch.where(a != b, a, b),
+        lambda a, b: torch.where(torch.logical_xor(a == 0.0, b.ge(-0.2)), b, a),
+        lambda a, b: torch.where(torch.logical_or(a.lt(b), a.eq(b)), a, -0.5),
+    ], {"where"}),
+}
+
+
+@pytest.mark.parametrize("family", sorted(BINARY))
+def test_binary_ops_are_integer(family):
+    fns, layers = BINARY[family]
+    assert_integer(Binary(fns), (1, 3, 4, 4), layers)
+
+
+def test_comparison_with_a_scalar_is_exact_on_every_code():
+    """gt/ge/lt/le/eq/ne against a number, decided on codes, agree with PyTorch on every int8 code."""
+    class M(nn.Module):
+        def forward(self, x):
+            return tuple((op(x, c)).to(torch.float32) for op in (torch.gt, torch.ge, torch.lt, torch.le, torch.eq,
+                                                                    torch.ne) for c in (0.0, 0.3, -1.17))
+
+    # an input whose codes cover the whole int8 range, with 0.0 and other values exactly on codes
+    x = torch.linspace(-2.0, 2.0, 256).reshape(1, 256)
+    prog = qlower.compile(M(), (x,), target="tosa-1.0+int", calibration=[(x,)], progress=False)
+    spec = next(op.attrs["out"] for op in prog.source.ops if op.kind == "quantize")
+    qd = torch.ops.quantized_decomposed  # the fake-quant values, by PyTorch
+    codes = qd.quantize_per_tensor.default(x, spec.scale[0], spec.zero_point[0], -128, 127, torch.int8)
+    dq = qd.dequantize_per_tensor.default(codes, spec.scale[0], spec.zero_point[0], -128, 127, torch.int8)
+    compares = {"gt", "ge", "lt", "le", "eq", "ne"}
+    assert not [op for op in prog.source.ops if op.kind == "aten" and op.attrs["target"].split(".")[1] in compares]
+    got = prog.run(x)
+    want = [op(dq, c).to(torch.float32).numpy() for op in (torch.gt, torch.ge, torch.lt, torch.le, torch.eq,
+                                                             torch.ne) for c in (0.0, 0.3, -1.17)]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    kinds = prog.source.count_ops()
+    assert sum(kinds.get(k, 0) for k in ("greater", "greater_equal", "equal")) == 18

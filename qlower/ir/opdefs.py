@@ -304,6 +304,66 @@ def _intdiv(ops, attrs):
     return (TensorType(shape, DType.INT32, QuantSpec.per_tensor(qa.scale[0] / qb.scale[0], 0, DType.INT32)),)
 
 
+def _same_domain_binary(kind):
+    def infer(ops, attrs):
+        a, b, shape = _binary(kind, ops)
+        _same_domain(kind, (a, b))
+        if a.quant is not None and a.quant.is_per_channel:
+            raise _fail(kind, "operands must be quantized per tensor")
+        return (TensorType(shape, a.dtype, a.quant),)
+    infer.__doc__ = (f"Elementwise {kind} with broadcasting, both operands in one domain (codes of one "
+                     "QuantSpec compare like their values); the result keeps it.")
+    return infer
+
+
+register("minimum", ("a", "b"))(_same_domain_binary("minimum"))
+register("maximum", ("a", "b"))(_same_domain_binary("maximum"))
+
+
+@register("select", ("cond", "a", "b"))
+def _select(ops, attrs):
+    """``a`` where ``cond`` else ``b``, broadcasting; ``cond`` bool, ``a`` and ``b`` in one domain."""
+    c, a, b = ops
+    if c.dtype is not DType.BOOL:
+        raise _fail("select", f"cond must be bool, got {c}")
+    _same_domain("select", (a, b))
+    if a.quant is not None and a.quant.is_per_channel:
+        raise _fail("select", "operands must be quantized per tensor")
+    shape = broadcast_shape("select", broadcast_shape("select", c.shape, a.shape), b.shape)
+    return (TensorType(shape, a.dtype, a.quant),)
+
+
+def _compare(kind):
+    def infer(ops, attrs):
+        a, b, shape = _binary(kind, ops)
+        _same_domain(kind, (a, b))
+        if a.quant is not None and a.quant.is_per_channel:
+            raise _fail(kind, "operands must be quantized per tensor")
+        return (TensorType(shape, DType.BOOL),)
+    infer.__doc__ = f"Elementwise {kind} (bool result), both operands in one domain (codes compare like values)."
+    return infer
+
+
+for _k in ("equal", "greater", "greater_equal"):
+    register(_k, ("a", "b"))(_compare(_k))
+
+
+def _logical(kind, arity):
+    def infer(ops, attrs):
+        for t in ops:
+            if t.dtype is not DType.BOOL:
+                raise _fail(kind, f"operands must be bool, got {t}")
+        shape = ops[0].shape if arity == 1 else broadcast_shape(kind, ops[0].shape, ops[1].shape)
+        return (TensorType(shape, DType.BOOL),)
+    infer.__doc__ = f"Elementwise {kind} of bool tensors."
+    return infer
+
+
+for _k in ("logical_and", "logical_or", "logical_xor"):
+    register(_k, ("a", "b"))(_logical(_k, 2))
+register("logical_not", ("input",))(_logical("logical_not", 1))
+
+
 @register("concat", ("inputs*",), axis=REQUIRED)
 def _concat(ops, attrs):
     """Concatenate along ``axis``; every operand has its own type, all in one domain."""

@@ -58,6 +58,31 @@ def _intdiv(op: Op, a, b):
     return np.where((a < 0) != (b < 0), -q, q)
 
 
+_SAME_DOMAIN = {"minimum": np.minimum, "maximum": np.maximum, "equal": np.equal, "greater": np.greater,
+                "greater_equal": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
+                "logical_xor": np.logical_xor}
+
+
+def _same_domain_kernel(kind: str, fn):
+    def run(op: Op, a, b):
+        return np.asarray(fn(a, b)).astype(op.result.type.dtype.numpy)
+    kernel(kind)(run)
+
+
+for _kind, _fn in _SAME_DOMAIN.items():
+    _same_domain_kernel(_kind, _fn)
+
+
+@kernel("logical_not")
+def _logical_not(op: Op, x):
+    return np.logical_not(x)
+
+
+@kernel("select")
+def _select(op: Op, c, a, b):
+    return np.where(c, a, b).astype(op.result.type.dtype.numpy)
+
+
 def _float_unary(kind: str, fn):
     def run(op: Op, x):
         return fn(x.astype(np.float64)).astype(np.float32)

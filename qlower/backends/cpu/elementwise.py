@@ -1,4 +1,4 @@
-"""Elementwise kernels: clamp, add, sub, mul, intdiv, float unary ops and softmax.
+"""Elementwise kernels: clamp, add, sub, mul, intdiv, min/max, compare, select, logical, float unary ops, softmax.
 
 Integer ops are computed in int64 and checked to fit int32, exactly as the
 reference interpreter (TOSA 1.0 semantics: MUL rounds half up before its shift,
@@ -67,6 +67,27 @@ def _intdiv(op: Op, ctx: BuildContext) -> Kernel:
             raise execution_error(op, "intdiv by zero")
         return torch.div(a, b, rounding_mode="trunc")
     return _int_binary(op, fn)
+
+
+_SAME_DOMAIN = {"minimum": torch.minimum, "maximum": torch.maximum, "equal": torch.eq, "greater": torch.gt,
+                "greater_equal": torch.ge, "logical_and": torch.logical_and, "logical_or": torch.logical_or,
+                "logical_xor": torch.logical_xor}
+
+
+@builder(*_SAME_DOMAIN)
+def _same_domain(op: Op, ctx: BuildContext) -> Kernel:
+    """Codes of one domain (or bools) compared or picked as they are: exact."""
+    return _SAME_DOMAIN[op.kind]
+
+
+@builder("logical_not")
+def _logical_not(op: Op, ctx: BuildContext) -> Kernel:
+    return torch.logical_not
+
+
+@builder("select")
+def _select(op: Op, ctx: BuildContext) -> Kernel:
+    return torch.where
 
 
 def _numpy_float(fn) -> Kernel:

@@ -141,3 +141,41 @@ def _softmax(lw: Lowerer, op: Op) -> Tensor:
     s = lw.emit(Op_.REDUCE_SUM, [e], reduced, DT.FP32, attr("ReduceSum", axis))
     r = lw.emit(Op_.RECIPROCAL, [s], reduced, DT.FP32, attr("Reciprocal"))
     return lw.emit(Op_.MUL, [e, r, lw.scalar(0, DT.INT8)], x.shape, DT.FP32, attr("Mul"))
+
+
+# -- one-domain ops: min/max, comparisons, select, logical -------------------------------------
+# TOSA 1.0's INT profile has MAXIMUM, MINIMUM, EQUAL, GREATER and GREATER_EQUAL for int32 only:
+# narrower codes are cast to int32 (exact), and min/max cast back (exact: the result is one of the codes).
+
+_ONE_DOMAIN = {"minimum": (Op_.MINIMUM, "Minimum"), "maximum": (Op_.MAXIMUM, "Maximum"),
+               "equal": (Op_.EQUAL, "Equal"), "greater": (Op_.GREATER, "Greater"),
+               "greater_equal": (Op_.GREATER_EQUAL, "GreaterEqual")}
+
+
+@lowering(*_ONE_DOMAIN)
+def _one_domain(lw: Lowerer, op: Op) -> Tensor:
+    tosa_op, attr_kind = _ONE_DOMAIN[op.kind]
+    a, b = (lw.t(v) for v in op.operands)
+    if a.dtype in (DT.INT8, DT.INT16):
+        a, b = lw.cast(a, DT.INT32), lw.cast(b, DT.INT32)
+    args = (ts.NanPropagationMode.PROPAGATE,) if op.kind in ("minimum", "maximum") else ()
+    out_dtype = DT.BOOL if op.result.dtype is DType.BOOL else a.dtype
+    y = lw.emit(tosa_op, [a, b], op.result.shape, out_dtype, attr(attr_kind, *args))
+    want = tosa_dtype(op.result.dtype) if op.result.dtype is not DType.BOOL else DT.BOOL
+    return y if want == out_dtype else lw.cast(y, want)
+
+
+_LOGICAL = {"logical_and": (Op_.LOGICAL_AND, "LogicalAnd"), "logical_or": (Op_.LOGICAL_OR, "LogicalOr"),
+            "logical_xor": (Op_.LOGICAL_XOR, "LogicalXor"), "logical_not": (Op_.LOGICAL_NOT, "LogicalNot")}
+
+
+@lowering(*_LOGICAL)
+def _logical(lw: Lowerer, op: Op) -> Tensor:
+    tosa_op, attr_kind = _LOGICAL[op.kind]
+    return lw.emit(tosa_op, [lw.t(v) for v in op.operands], op.result.shape, DT.BOOL, attr(attr_kind))
+
+
+@lowering("select")
+def _select(lw: Lowerer, op: Op) -> Tensor:
+    c, a, b = (lw.t(v) for v in op.operands)
+    return lw.emit(Op_.SELECT, [c, a, b], op.result.shape, tosa_dtype(op.result.dtype), attr("Select"))

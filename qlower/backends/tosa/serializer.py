@@ -28,9 +28,10 @@ TOSA_VERSION = (1, 0, 0)
 DT = ts.DType
 
 IR_TO_TOSA: dict[DType, Any] = {
-    DType.INT8: DT.INT8, DType.INT16: DT.INT16, DType.INT32: DT.INT32, DType.FLOAT32: DT.FP32,
+    DType.INT8: DT.INT8, DType.INT16: DT.INT16, DType.INT32: DT.INT32, DType.FLOAT32: DT.FP32, DType.BOOL: DT.BOOL,
 }
-NUMPY_OF: dict[Any, type] = {DT.INT8: np.int8, DT.INT16: np.int16, DT.INT32: np.int32, DT.FP32: np.float32}
+NUMPY_OF: dict[Any, type] = {DT.INT8: np.int8, DT.INT16: np.int16, DT.INT32: np.int32, DT.FP32: np.float32,
+                             DT.BOOL: np.bool_}
 _NUMPY_TO_TOSA = {np.dtype(v): k for k, v in NUMPY_OF.items()}
 
 # Operators whose int16 forms belong to the EXT-INT16 extension (checked with tosa-opt).

@@ -45,6 +45,7 @@ def has_rule(target: object, static: bool = True) -> bool:
 def load_all() -> None:
     """Import every rule module (each registers its rules on import)."""
     from qlower.frontend.rules import (  # noqa: F401
+        compare,
         elementwise,
         gemm,
         indexing,
