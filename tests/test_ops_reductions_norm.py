@@ -228,3 +228,47 @@ def test_other_overloads_are_still_decomposed():
     for g, w, e in zip(got, want, eager):
         np.testing.assert_array_equal(g, w)
         assert np.abs(g - e.numpy()).max() < 0.1 * max(1.0, float(e.abs().max()))
+
+
+class Tokens(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.ln, self.b = nn.Linear(8, 16), nn.LayerNorm(16), nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.b(self.ln(self.a(x)))
+
+
+class Image(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.gn, self.c2 = nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.Conv2d(8, 8, 1)
+        self.inorm, self.c3 = nn.InstanceNorm2d(8, affine=True), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        return self.c3(self.inorm(self.c2(torch.relu(self.gn(self.c1(x))))))
+
+
+NORMS = {"aten.native_layer_norm.default", "aten.native_group_norm.default", "aten._native_batch_norm_legit.no_stats"}
+
+
+@pytest.mark.parametrize("model_cls,shape", [(Tokens, (2, 5, 8)), (Image, (1, 3, 6, 6))])
+def test_layer_group_instance_norm_stay_float_between_integer_ops(model_cls, shape):
+    """LayerNorm / GroupNorm / InstanceNorm are float fallbacks (no integer rsqrt that TOSA 1.0 INT can
+    run bit-exactly); everything around them is integer and exact on every target."""
+    torch.manual_seed(SEED)
+    model = model_cls().eval()
+    x = _normal(shape, SEED)
+    prog = qlower.compile(model, (x,), target="reference", calibration=[(x,), (x * 1.5,)], progress=False)
+    fallbacks = [op.attrs["target"] for op in prog.source.ops if op.kind == "aten"]
+    assert fallbacks and set(fallbacks) <= NORMS, fallbacks
+    for op in prog.source.ops:
+        if op.kind not in BOUNDARY | {"aten"}:
+            assert all(r.dtype.is_integer for r in op.results), op.kind
+    want = run_graph(prog.source, [x.numpy()])
+    for target in TARGETS:
+        lowered = lower_graph(prog.source, target)
+        for g, w in zip(lowered.run(x), want):
+            np.testing.assert_array_equal(g, w)
+    cmp = compare_with_fake_quant(prog.frontend, [(x,), (_normal(shape, SEED + 3),)])
+    assert cmp.layers.max_step <= 1 and cmp.outputs.max_step <= 1, cmp
