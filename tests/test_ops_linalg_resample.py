@@ -97,13 +97,15 @@ def _nearest():
 
 
 def _bilinear():
-    def f(m, x):
-        return (F.interpolate(x, scale_factor=2, mode="bilinear"),
+    def f(m, x, wide):
+        return (F.interpolate(wide, scale_factor=2, mode="bilinear"),   # 70 columns: taps as shifted repeats
+                F.interpolate(wide, scale_factor=3, mode="nearest"),
+                F.interpolate(x, scale_factor=2, mode="bilinear"),
                 F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True),
                 F.interpolate(x, size=(7, 9), mode="bilinear", align_corners=True),
                 F.interpolate(x, size=(6, 10), mode="bilinear"), F.interpolate(x, scale_factor=1.5, mode="bilinear"),
                 F.interpolate(x, size=(3, 2), mode="bilinear"))
-    return Family(f), [(2, 3, 4, 6)]
+    return Family(f), [(2, 3, 4, 6), (1, 2, 3, 70)]
 
 
 def _pools():

@@ -61,6 +61,9 @@ def _gather(ctx: ImportContext, v: Value, axis: int, index: np.ndarray) -> Value
     r = int(counts[0])
     if r > 1 and np.all(counts == r) and np.all(np.diff(index) >= 0):
         return _repeat_each(ctx, v, axis, r)
+    shifted = _shifted_repeat(index, size)
+    if shifted is not None:
+        return _edge_repeat(ctx, v, axis, len(index), *shifted)
     starts = np.flatnonzero(np.r_[True, index[1:] != index[:-1]])
     if len(starts) > MAX_RUNS or np.any(np.diff(index) < 0):
         raise ctx.unsupported(f"nearest resampling with {len(starts)} runs along one dim (limit {MAX_RUNS})")
@@ -70,6 +73,33 @@ def _gather(ctx: ImportContext, v: Value, axis: int, index: np.ndarray) -> Value
         row = _slice(ctx, v, axis, int(index[st]), int(index[st]) + 1, 1)
         pieces += [row] * int(n)
     return ctx.emit("concat", tuple(pieces), perm=layout.NHWC, axis=axis)
+
+
+def _shifted_repeat(index: np.ndarray, size: int, max_repeat: int = 16) -> tuple[int, int] | None:
+    """``(r, off)`` with ``index[o] == clip((o + off) // r, 0, size - 1)`` for every ``o`` (e.g. the taps
+    of a 2x bilinear upsampling, ``(o - 1) // 2`` clamped), or None."""
+    o = np.arange(len(index))
+    for r in range(1, max_repeat + 1):
+        for off in range(-2 * r, 2 * r + 1):
+            if np.array_equal(index, np.clip((o + off) // r, 0, size - 1)):
+                return r, off
+    return None
+
+
+def _edge_repeat(ctx: ImportContext, v: Value, axis: int, out: int, r: int, off: int) -> Value:
+    """``v[clip((o + off) // r)]`` for ``o < out``: edge copies where the index leaves the range, every
+    index ``r`` times, then the window starting at ``off`` (shifted by the left copies)."""
+    size = v.shape[axis]
+    left, right = max(0, -((0 + off) // r)), max(0, (out - 1 + off) // r - (size - 1))
+    if left or right:
+        pieces = [_slice(ctx, v, axis, 0, 1, 1)] * left + [v] + [_slice(ctx, v, axis, size - 1, size, 1)] * right
+        v = ctx.emit("concat", tuple(pieces), perm=layout.NHWC, axis=axis)
+    if r > 1:
+        v = _repeat_each(ctx, v, axis, r)
+    start = off + left * r
+    if (start, start + out) != (0, v.shape[axis]):
+        v = _slice(ctx, v, axis, start, start + out, 1)
+    return v
 
 
 def _slice(ctx: ImportContext, v: Value, axis: int, start: int, stop: int, step: int) -> Value:
