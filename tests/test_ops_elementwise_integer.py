@@ -166,6 +166,10 @@ BINARY = {
         lambda a, b: torch.sub(a, b, alpha=0.5), lambda a, b: torch.add(a, b, alpha=-2),
         lambda a, b: torch.add(a, torch.ones(1, 4, 1, 1), alpha=0.3),
     ], {"sub", "add"}),
+    "div": ([
+        torch.div, lambda a, b: a / (b.abs() + 0.5), lambda a, b: torch.div(torch.linspace(-1, 1, 4).reshape(1, 4, 1, 1), b),
+        lambda a, b: a / (b + 1.0),  # the divisor's zero code: ±inf saturates to qmax / qmin
+    ], {"div"}),
     # comparisons give bools (not quantized): checked through the selects that read them
     "compare_select": ([
         lambda a, b: torch.where(a > 0.1, a, b), lambda a, b: torch.where(a <= b, a, b * 0.5),
@@ -205,3 +209,46 @@ def test_comparison_with_a_scalar_is_exact_on_every_code():
         np.testing.assert_array_equal(g, w)
     kinds = prog.source.count_ops()
     assert sum(kinds.get(k, 0) for k in ("greater", "greater_equal", "equal")) == 18
+
+
+def test_division_by_a_zero_code_saturates_like_fake_quant():
+    """x / y where y holds exact zeros at run time (never on calibration data): PyTorch's ±inf quantizes to
+    qmax / qmin, and so does the integer division, on every target."""
+    class M(nn.Module):
+        def forward(self, x, y):
+            return x / y
+
+    g = torch.Generator().manual_seed(SEED)
+    def pair(n):
+        x = torch.rand(1, n, generator=g) + 0.25
+        x = torch.where(torch.arange(n) % 2 == 0, x, -x)
+        y = (torch.rand(1, n, generator=g) * 1.5 + 0.5) * torch.where(torch.arange(n) % 3 == 0, -1.0, 1.0)
+        return x, y
+    calibration = [pair(12) for _ in range(3)]
+    x, y = pair(12)
+    y[0, ::4] = 0.0
+    for target in TARGETS:
+        rep = qlower.verify(M(), (x, y), target=target, calibration=calibration, progress=False)
+        assert rep.ok and not rep.float_fallbacks, (rep.problems, rep.float_fallbacks)
+        div = next(r for r in rep.layers if r.op == "div")
+        assert div.isolated_vs_fake_quant.max_steps == 0 and div.target_vs_ref.max_steps == 0
+        assert rep.outputs[0].ref_vs_fake_quant.max_steps == 0
+
+
+class PreluGlu(nn.Module):
+    """PReLU (per channel and shared slope) and GLU reach the importer decomposed into integer pieces."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 1)
+        self.prelu, self.prelu1 = nn.PReLU(4), nn.PReLU()
+        with torch.no_grad():
+            self.prelu.weight.copy_(torch.tensor([0.25, -0.5, 1.5, 0.0]))
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.prelu(y), self.prelu1(y), F.glu(y, dim=1)
+
+
+def test_prelu_and_glu_are_integer():
+    assert_integer(PreluGlu(), (1, 3, 4, 4), {"where", "mul", "sigmoid"})

@@ -18,7 +18,7 @@ from torch.fx import GraphModule
 
 aten = torch.ops.aten
 MAY_LEAVE_FINITE = {aten.sqrt, aten.sqrt_, aten.rsqrt, aten.rsqrt_, aten.log, aten.log_, aten.reciprocal,
-                    aten.reciprocal_, aten.pow, aten.pow_}
+                    aten.reciprocal_, aten.pow, aten.pow_, aten.div, aten.div_}
 
 
 def non_finite_nodes(gm: GraphModule, batches: Sequence[Sequence[torch.Tensor]]) -> set[str]:

@@ -121,12 +121,18 @@ def mul_div(ctx: ImportContext, node, input, other, rounding_mode=None, **_):
     divide = packet(node) in (aten.div, aten.div_)
     a, b = _float_ref(ctx, operand(input)), _float_ref(ctx, operand(other))
     if divide:
+        if rounding_mode is None and _static_quantized(b) and (_static_quantized(a) or a.is_float_const):
+            return _divide_by_codes(ctx, a, b)
         if rounding_mode is not None or not b.is_float_const:
             if _static_quantized(a) or _static_quantized(b) or rounding_mode is not None:
                 raise ctx.unsupported("division is supported by a float constant only (no rounding mode)")
             perm, (va, vb) = ctx.broadcast([a, b], floats=True)
             return Ref.of(ctx.emit("mul", va, ctx.emit("reciprocal", vb, perm=perm), perm=perm), perm)
         b = Ref.constant((1.0 / b.data.astype(np.float64)).astype(np.float32), origin=b.origin)
+    return _multiply(ctx, a, b)
+
+
+def _multiply(ctx: ImportContext, a: Ref, b: Ref) -> Ref:
     qa, qb = _static_quantized(a), _static_quantized(b)
     if qa and qb:
         perm, (va, vb) = ctx.broadcast([a, b])
@@ -141,6 +147,53 @@ def mul_div(ctx: ImportContext, node, input, other, rounding_mode=None, **_):
         return ctx.requant(ctx.emit("mul", ix, vc, perm=perm), perm)
     perm, (va, vb) = ctx.broadcast([a, b], floats=True)
     return Ref.of(ctx.emit("mul", va, vb, perm=perm), perm)
+
+
+RECIPROCAL_BITS = 22
+
+
+def _const_codes(data: object, spec: QuantSpec) -> Ref:
+    return Ref.constant(np.asarray(data).astype(spec.dtype.numpy), spec)
+
+
+def _divide_by_codes(ctx: ImportContext, a: Ref, b: Ref) -> Ref:
+    """``a / b`` with ``b`` int8/int16 codes: ``a * r``, ``r = round(2**22 / (b - zp_b))`` read from a table
+    (int32 at scale ``1 / (2**22 s_b)``), then the product requantized like ``mul``.
+
+    ``r`` is within ``|b - zp_b| / 2**23 <= 255 / 2**23`` of ``1 / (b - zp_b)`` relatively, so a result of
+    at most 256 output steps is within 0.008 of a step before its final rounding: it differs from the
+    fake-quant model only next to a rounding boundary, by one step. ``|a - zp_a| * |r| < 2**30``: no
+    overflow. A zero divisor saturates like PyTorch's quantized ±inf (qmax, qmin), and ``0 / 0`` (NaN,
+    an undefined code in PyTorch) gives the zero point.
+    """
+    out, spec = ctx.requant_target(), b.spec
+    if out is None or out.is_per_channel or spec.qmax - spec.qmin >= 2**16:
+        raise ctx.unsupported("division by a tensor is integer only with per-tensor 8/16-bit codes on both sides")
+    zp = spec.zero_point[0]
+    d = np.arange(spec.qmin, spec.qmax + 1, dtype=np.int64) - zp
+    table = np.where(d == 0, 0, np.rint(2.0**RECIPROCAL_BITS / np.where(d == 0, 1, d))).astype(np.int32)
+    recip = QuantSpec.per_tensor(1.0 / (2.0**RECIPROCAL_BITS * spec.scale[0]), 0, DType.INT32)
+    r = ctx.emit("table", ctx.value_in(b), perm=b.perm, table=table, offset=-spec.qmin, out=recip)
+    y = _multiply(ctx, a, Ref.of(r, b.perm))
+    if y.value.quant != out:
+        raise ctx.unsupported("division by a tensor whose result isn't requantized")
+    qmax, qmin, zero = _const_codes(out.qmax, out), _const_codes(out.qmin, out), _const_codes(out.zero_point[0], out)
+    if a.is_float_const:
+        c = a.data.astype(np.float64)
+        saturated = _const_codes(np.where(c > 0, out.qmax, np.where(c < 0, out.qmin, out.zero_point[0])), out)
+    else:
+        za = _const_codes(a.spec.zero_point[0], a.spec)
+        perm, (va, vz) = ctx.broadcast([a, za])
+        pos = Ref.of(ctx.emit("greater", va, vz, perm=perm), perm)
+        neg = Ref.of(ctx.emit("greater", vz, va, perm=perm), perm)
+        perm, (c, lo, mid) = ctx.broadcast([neg, qmin, zero])
+        below = Ref.of(ctx.emit("select", c, lo, mid, perm=perm), perm)
+        perm, (c, hi, rest) = ctx.broadcast([pos, qmax, below])
+        saturated = Ref.of(ctx.emit("select", c, hi, rest, perm=perm), perm)
+    perm, (vb, vzb) = ctx.broadcast([b, _const_codes(zp, spec)])
+    by_zero = Ref.of(ctx.emit("equal", vb, vzb, perm=perm), perm)
+    perm, (c, s, v) = ctx.broadcast([by_zero, saturated, y])
+    return Ref.of(ctx.emit("select", c, s, v, perm=perm), perm)
 
 
 # -- clamps ----------------------------------------------------------------------------------
