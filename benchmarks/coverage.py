@@ -5,11 +5,12 @@ imported and optimised once, lowered for each target and classified
 (qlower/testing/coverage.py): integer on the target, integer on the host, float
 on the host (a float fallback), or refused. The table counts cases per family
 and target; a target's output that is not bit-exact with the reference
-interpreter is counted too (it should never happen).
+interpreter (or a run that raises) is counted too and listed (it should never happen).
 
 Models: every zoo model (image models at ``--size``) with its own QuantConfig;
 the share of IR ops (constants, quantize and dequantize left out) that are
-integer, and the share inside NPU partitions for the ``--npu-targets``.
+integer, and the share inside NPU partitions for the ``--npu-targets`` (the transposes at the
+model's boundary count: Ethos-U keeps them on the host on purpose).
 
     python benchmarks/coverage.py [--targets reference cpu tosa-1.0+int ethos-u85-256 ethos-u55-128]
                                   [--size 32] [--models tiny_cnn ...] [--no-ops] [--no-models]
@@ -40,6 +41,10 @@ NPU_TARGETS = ["tosa-1.0+int", "ethos-u85-256"]
 SHORT = {"integer on target": "int", "host integer": "host-int", "host float": "float", "refused": "refused"}
 
 
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{x:.0%}"
+
+
 def _exact(got, want) -> bool:
     return len(got) == len(want) and all(
         np.asarray(g).shape == np.asarray(w).shape and np.asarray(g).dtype == np.asarray(w).dtype
@@ -62,10 +67,14 @@ def op_rows(targets: list[str]) -> list[dict]:
             else:
                 try:
                     prog = prep.lower(target)
-                    exact = _exact(prog.run(*prep.inputs), want)
-                    place = classify(prog, case)
                 except Exception as e:  # noqa: BLE001
                     place, exact = classify(e, case), None
+                else:
+                    place = classify(prog, case)
+                    try:
+                        exact = _exact(prog.run(*prep.inputs), want)
+                    except Exception as e:  # noqa: BLE001  (compiled, but running it failed: a bug)
+                        exact, row["run_error"] = False, f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
             row.update({"class": place.cls, "ops": list(place.kinds), "bit_exact": exact,
                         "detail": place.describe()})
             rows.append(row)
@@ -98,7 +107,7 @@ def model_rows(names: list[str], size: int, npu_targets: list[str]) -> list[dict
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         row["seconds"] = round(time.perf_counter() - t0, 2)
         rows.append(row)
-        what = row["error"] if "error" in row else f"{row['integer_share']:.0%} integer"
+        what = row["error"] if "error" in row else f"{_pct(row['integer_share'])} integer"
         print(f"  {name}: {what} ({row['seconds']} s)", flush=True)
     return rows
 
@@ -148,9 +157,12 @@ def main() -> None:
                 cells.append(cell + (f" !{c['not bit-exact']}" if c.get("not bit-exact") else ""))
             t.add_row(fam, *cells)
         console.print(t)
-        refused = sorted({(r["family"], r["case"], r["detail"]) for r in rows if r["class"] == REFUSED})
-        for fam, case, detail in refused:
-            print(f"refused {fam}/{case}: {detail[len(REFUSED) + 2:][:220]}")
+        for r in rows:
+            if r["class"] == REFUSED:
+                print(f"refused {r['family']}/{r['case']} on {r['target']}: {r['detail'][len(REFUSED) + 2:][:240]}")
+            elif r["bit_exact"] is False:
+                print(f"NOT BIT-EXACT {r['family']}/{r['case']} on {r['target']}: "
+                      + r.get("run_error", "outputs differ from the reference interpreter's"))
     if not args.no_models:
         names = args.models or zoo.names()
         print(f"zoo: {len(names)} models")
@@ -165,9 +177,9 @@ def main() -> None:
                 t.add_row(r["model"], r.get("quant", "—"), "—", "refused: " + r["error"][:60],
                           *("—" for _ in args.npu_targets), "—")
                 continue
-            npu = [("—" if r.get(f"npu_share:{n}") is None else f"{r[f'npu_share:{n}']:.0%}") for n in args.npu_targets]
+            npu = [_pct(r.get(f"npu_share:{n}")) for n in args.npu_targets]
             fb = ", ".join(f"{k.removeprefix('aten.')}×{v}" for k, v in sorted(r["fallback_targets"].items()))
-            t.add_row(r["model"], r["quant"], str(r["ops"]), f"{r['integer_share']:.0%}", *npu, fb or "none")
+            t.add_row(r["model"], r["quant"], str(r["ops"]), _pct(r["integer_share"]), *npu, fb or "none")
         console.print(t)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(),

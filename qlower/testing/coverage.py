@@ -133,7 +133,8 @@ class Placement:
 def classify(program: Program | BaseException, case: OpCase) -> Placement:
     """Where ``case``'s op runs in ``program`` (an exception: the compile raised)."""
     if isinstance(program, BaseException):
-        return Placement(REFUSED, error=f"{type(program).__name__}: {program}".splitlines()[0][:300])
+        text = " | ".join(line.strip() for line in f"{type(program).__name__}: {program}".splitlines() if line.strip())
+        return Placement(REFUSED, error=text[:400])
     ops = case_ops(program.source)
     decisions = {id(d.op): d for d in program.decisions}
     host_ops = [op for op in ops if on_host(program, op)]
@@ -150,12 +151,14 @@ def classify(program: Program | BaseException, case: OpCase) -> Placement:
     return Placement(cls, kinds, host, folded=not ops)
 
 
-def op_shares(program: Program) -> dict[str, float | int]:
+def op_shares(program: Program) -> dict:
     """Over a program's IR ops (constants, quantize and dequantize left out): how many, the share that
-    is integer, and the share that runs inside delegate partitions."""
+    is integer, and the share that runs inside delegate partitions (None for a graph without such ops).
+    Every op counts, the transposes at the model's boundary too (Ethos-U keeps those on the host)."""
     ops = [op for op in program.source.ops if op.kind not in PLUMBING]
     if not ops:
-        return {"ops": 0, "integer_share": 1.0, "delegated_share": 0.0, "float_fallbacks": 0, "fallback_targets": {}}
+        return {"ops": 0, "integer_share": None, "delegated_share": None, "float_fallbacks": 0,
+                "fallback_targets": {}}
     delegated = _delegated_names(program)
     n_int = sum(not is_float_op(op) for op in ops)
     n_del = sum(all(r.name in delegated for r in op.results) for op in ops)
