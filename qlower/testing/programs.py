@@ -62,7 +62,8 @@ def conv_graph() -> Graph:
 
 def movement_graph() -> Graph:
     """Two inputs rescaled and concatenated (variadic), table, transpose, pad, gather, slices, avg_pool,
-    reductions (sum, max, min, argmax, argmin), int32 add/sub/mul/intdiv, matmul, uint8 codes, casts."""
+    reductions (sum, max, min, argmax, argmin), min/max, comparisons, logical ops, select, int32
+    add/sub/mul/intdiv, matmul, uint8 codes, casts."""
     rng = np.random.default_rng(11)
     b = GraphBuilder("movement")
     q = QuantSpec.per_tensor(0.1, 0)
@@ -87,6 +88,12 @@ def movement_graph() -> Graph:
     rmin = b.op("reduce_min", ap, axis=2, name="rmin")
     b.op("argmax", rmin, axis=1, name="first_max")
     b.op("argmin", ap, axis=3, name="first_min")
+    # one-domain picks, comparisons, bool logic and select (unused results too)
+    lo, hi = b.op("minimum", a, d, name="lo"), b.op("maximum", a, d, name="hi")
+    gt, ge, eq = (b.op(k, a, d, name=k) for k in ("greater", "greater_equal", "equal"))
+    mixed = b.op("logical_xor", b.op("logical_or", b.op("logical_and", gt, ge, name="both"), eq, name="either"), gt,
+                 name="odd")
+    b.op("select", b.op("logical_not", mixed, name="even"), lo, hi, name="pick")
     r32 = b.op("rescale", ap, out=_per_tensor32(0.01), name="wide")
     k = b.constant(np.full((1, 1, 1, 8), 3, np.int32), _per_tensor32(0.01), name="k")
     ad = b.op("add", r32, k, name="plus")
