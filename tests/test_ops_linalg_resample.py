@@ -104,8 +104,9 @@ def _bilinear():
                 F.interpolate(x, scale_factor=2, mode="bilinear", align_corners=True),
                 F.interpolate(x, size=(7, 9), mode="bilinear", align_corners=True),
                 F.interpolate(x, size=(6, 10), mode="bilinear"), F.interpolate(x, scale_factor=1.5, mode="bilinear"),
-                F.interpolate(x, size=(3, 2), mode="bilinear"))
-    return Family(f), [(2, 3, 4, 6), (1, 2, 3, 70)]
+                F.interpolate(x, size=(3, 2), mode="bilinear"),
+                F.interpolate(x, size=(3, 129), mode="bilinear"))  # 7 → 129 columns: weights k/129
+    return Family(f), [(2, 3, 4, 7), (1, 2, 3, 70)]
 
 
 def _pools():
@@ -247,10 +248,10 @@ def test_float_attention_masks_match_eager():
         np.testing.assert_allclose(got, w.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_bilinear_beyond_int8_fractions_falls_back_to_float():
-    """Weights with a denominator over 127 (7 → 129 columns: k/129) aren't exact in int8: the float
-    fallback takes the op, says so, and the program still matches the reference on cpu."""
-    model = Family(lambda m, x: F.interpolate(x, size=(3, 129), mode="bilinear")).eval()
+def test_bilinear_without_exact_ratio_falls_back_to_float():
+    """A scale factor without an exact ratio (1/1.37 in float32): no small denominator holds its
+    weights, the float fallback takes the op, says so, and the program still matches the reference."""
+    model = Family(lambda m, x: F.interpolate(x, scale_factor=(1.0, 1.37), mode="bilinear")).eval()
     x = _inputs([(1, 2, 3, 7)], SEED)
     prog = qlower.compile(model, x, target="cpu", progress=False)
     fallbacks = [op.attrs["target"] for op in prog.source.ops if op.kind == "aten"]

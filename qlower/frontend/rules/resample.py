@@ -123,6 +123,7 @@ def _repeat_each(ctx: ImportContext, v: Value, axis: int, r: int) -> Value:
 # -- bilinear ------------------------------------------------------------------------------------
 
 MAX_DENOMINATOR = 127
+MAX_SIZE_DENOMINATOR = 2048  # 255 · D_h · D_w stays within int32
 
 
 def interpolation_matrix(node, size: int, other: int, axis: int) -> np.ndarray:
@@ -141,9 +142,13 @@ def interpolation_matrix(node, size: int, other: int, axis: int) -> np.ndarray:
 
 
 def exact_weights(matrix: np.ndarray) -> tuple[np.ndarray, int] | None:
-    """``matrix`` as integer codes over one denominator ``D <= 127`` (each row summing to ``D``), when
-    PyTorch's float32 weights are such fractions to within float32 rounding; else None."""
-    for d in range(1, MAX_DENOMINATOR + 1):
+    """``matrix`` as integer codes over one denominator ``D`` (each row summing to ``D``), when PyTorch's
+    float32 weights are such fractions to within float32 rounding; else None. Tried: every ``D <= 127``,
+    and the denominators of exact size ratios (``out - 1`` with align_corners, else ``2·out``)."""
+    out = matrix.shape[0]
+    for d in [*range(1, MAX_DENOMINATOR + 1), out - 1, 2 * out]:
+        if d < 1 or d > MAX_SIZE_DENOMINATOR:
+            continue
         codes = np.rint(matrix * d)
         if np.abs(matrix * d - codes).max(initial=0.0) < 1e-4 and np.all(codes.sum(axis=1) == d):
             return codes.astype(np.int64), d
@@ -154,7 +159,9 @@ def exact_weights(matrix: np.ndarray) -> tuple[np.ndarray, int] | None:
 def upsample_bilinear2d(ctx: ImportContext, node, input: Ref, **_):
     """Separable, in exact int32: per axis, ``out = w0 · x[i0] + w1 · x[i1]`` with PyTorch's taps
     and weights as integer fractions ``w / D`` (one denominator per axis, e.g. ``2r`` for an integer
-    factor ``r`` without align_corners), then one ``rescale`` to the output's domain."""
+    factor ``r`` without align_corners), then one ``rescale`` to the output's domain. PyTorch computes
+    the weights in float32, so the result can differ from fake-quant only where the exact value lies
+    within float32 rounding of a rounding boundary: by one step."""
     x = _float_ref(ctx, input)
     if x.rank != 4 or not x.is_quantized or x.spec.is_per_channel or x.scale is not None:
         raise ctx.unsupported("bilinear resampling is integer for int8 codes quantized per tensor")
@@ -164,8 +171,8 @@ def upsample_bilinear2d(ctx: ImportContext, node, input: Ref, **_):
     for axis, (size, other) in enumerate(((h, w), (w, h))):
         found = exact_weights(interpolation_matrix(node, size, other, axis))
         if found is None:
-            raise ctx.unsupported("bilinear weights that aren't fractions k/D with D <= 127 in int8 "
-                                  "(a non-integer scale factor); runs in float")
+            raise ctx.unsupported("bilinear weights that aren't fractions k/D of one small denominator "
+                                  "(a scale factor without an exact ratio); runs in float")
         axes.append(found)
     v = ctx.rescale(v, QuantSpec.per_tensor(v.quant.scale[0], 0, DType.INT32), layout.NHWC)
     for axis, (codes, denominator) in zip((1, 2), axes):
