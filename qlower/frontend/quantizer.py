@@ -14,6 +14,10 @@ Static mode (``QuantConfig.mode == "static"``):
   one quantization domain with their inputs (SharedQuantizationSpec); pass-through
   ops on constants are left alone (the constant is quantized where it is used).
 - pooling, reductions, softmax and pointwise non-linearities own their output domain.
+- minimum, maximum, where, clamp by tensors and comparisons: the tensor operands (and the
+  result, but for a comparison's bools) share one domain; constant operands stay float.
+- a value that is NaN or infinite on the calibration data (finite.py) is not quantized, nor is
+  any op reading it: no scale holds it, and a NaN may be what a later op relies on.
 - ``QuantConfig.fixed`` pins the observer of a value (and of its whole sharing
   group) to fixed qparams.
 
@@ -239,11 +243,13 @@ class QlowerQuantizer(Quantizer):
 
     def _annotate_dynamic(self, model: GraphModule) -> None:
         # No implicit sharing: torchao's convert can't give one run-time quantize several consumers.
+        const = _Constants(model)
         for n in model.graph.nodes:
             p = packet(n)
             if p in GEMM and isinstance(n.args[1], Node):
                 _annotate(n, {n.args[0]: self._dynamic_input_spec(n), n.args[1]: self.weight}, share=False)
-            elif p in MATMUL and all(isinstance(a, Node) for a in n.args[:2]):
+            elif p in MATMUL and all(isinstance(a, Node) and a not in const for a in n.args[:2]):
+                # (a constant operand has no run-time scale to choose: such a matmul stays float)
                 _annotate(n, {n.args[0]: self._dynamic_input_spec(n), n.args[1]: self._dynamic_per_tensor()},
                           share=False)
 
@@ -296,6 +302,11 @@ class QlowerQuantizer(Quantizer):
                 _annotate(n, {a: act if i == 0 else shared for i, a in enumerate(tensors)}, shared)
             elif p in EXTREMES or p in ORDER_INDEX:
                 self._annotate_extreme(n, const)
+            elif p is aten.native_layer_norm and _is_float(n.args[0]) and n not in const:
+                _annotate(n, {n.args[0]: act})  # its normalised result (getitem 0) owns its domain
+                for item in n.users:
+                    if item.op == "call_function" and item.target is operator.getitem and item.args[1] == 0:
+                        _annotate(item, {}, act)
             elif p in SHARED:
                 x = n.args[0]
                 if _is_float(x) and n not in const:  # constants stay float until a consumer quantizes

@@ -1,4 +1,4 @@
-"""Normalisation: the integer per-channel affine map of a BatchNorm that was not folded into a conv.
+"""Normalisation in integers: a BatchNorm that was not folded into a conv, LayerNorm, GroupNorm, InstanceNorm.
 
 In eval mode a BatchNorm is ``y = a[c] * x + b[c]`` with ``a = w / sqrt(var + eps)`` and
 ``b = bias - mean * a`` (float64 at import). On per-tensor codes ``x = s (q - zp)``:
@@ -14,21 +14,25 @@ below an output step: the result is within 1 step of fake-quant. Every scale is 
 ops run in whatever layout the input has (no per-channel RESCALE, which TOSA only has along the
 last axis).
 
-LayerNorm, GroupNorm and InstanceNorm stay float on the host (their decompositions end in
-``native_layer_norm`` / ``native_group_norm`` / ``_native_batch_norm_legit``, core ATen fallbacks):
-an integer version needs an integer reciprocal square root that is bit-exact between the
-reference, the cpu kernels and TOSA 1.0 INT, which has none. The tensors around them stay
-integer: their inputs and outputs are quantized where the model's other ops quantize them.
+LayerNorm (``native_layer_norm``, the core op PyTorch's decomposition leaves; on ``unsupported`` it
+runs in float on the host) is integer too, from existing exact IR ops only (see ``layer_norm``): int32
+sums, a compare-free normalisation, a reciprocal-square-root table, so every backend is bit-exact with
+the reference; a static error bound (half an output step) decides when it is used. GroupNorm and
+InstanceNorm (see below) reuse it where their layout allows.
 """
 
 from __future__ import annotations
+
+import operator
 
 import numpy as np
 import torch
 
 from qlower.errors import UnsupportedOpError
 from qlower.frontend import channel_affine as _op  # noqa: F401  (defines torch.ops.qlower.channel_affine)
+from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
+from qlower.frontend.quantizer import packet
 from qlower.frontend.rules import register
 from qlower.frontend.rules.elementwise import _float_ref, _int32_codes, _static_quantized
 from qlower.ir import DType, QuantSpec
@@ -71,3 +75,132 @@ def unfolded_batch_norm(ctx: ImportContext, node, input: Ref, scale: Ref, shift:
     perm, (x, m) = ctx.broadcast([input, mul], floats=True)
     _, (a,) = ctx.broadcast([add], perm=perm, floats=True)
     return Ref.of(ctx.emit("add", ctx.emit("mul", x, m, perm=perm), a, perm=perm), perm)
+
+
+# -- LayerNorm ------------------------------------------------------------------------------
+
+TABLE_BITS = 14        # the normalised U/2**16 lies in [2**12, 2**14): the rsqrt table's index
+RSQRT_ONE = 2**30      # table entries: 2**30 / sqrt(index + 1/2)
+MAX_ERROR_STEPS = 0.5  # static bound on the error before the output's rounding
+
+
+def _plain(ctx: ImportContext, value: int, rank: int, spec: QuantSpec):
+    return ctx.constant(np.full((1,) * rank, value, np.int32), spec)
+
+
+def _layer_norm_error(n: int, m: int, e: float, w_max: float, t2: float) -> float:
+    """Bound (in output value units) on |integer LayerNorm - exact| before the output rounding; see layer_norm."""
+    normalised = (np.sqrt(n) / (4 * max(m * e - 0.5, 1e-30))       # E held as round(M·E)
+                  + np.sqrt(n) * (2.0**-(TABLE_BITS) + 2.0**-22)    # index truncation, table rounding
+                  + 0.5 * np.sqrt(m) / 2**22 + 0.5 * np.sqrt(n) / 2**15)  # two rescale roundings
+    return w_max * normalised + (2**15 + 1) * t2                    # weight and bias codes at t2
+
+
+def layer_norm(ctx: ImportContext, x: Ref, dims: int, weight: np.ndarray | None, bias: np.ndarray | None,
+               eps: float, out: QuantSpec) -> Ref:
+    """LayerNorm over the last ``dims`` PyTorch dims of per-tensor codes, from existing integer IR ops only;
+    ``weight`` / ``bias`` (None: 1 / 0) hold one value per element of those dims (their size).
+
+    With ``d = q - zp`` over the ``N`` normalised elements: ``D = N·d - Σd``, ``V = N·Σd² - (Σd)²``, and
+    ``(x - mean) / sqrt(var + eps) = D / sqrt(V + E)`` with ``E = N² eps / s²``. ``U = M·V + round(M·E)``
+    (``M`` the largest power of 4 that keeps ``U`` below ``2**30``) is normalised to ``W = U·4**k`` in
+    ``[2**28, 2**30)`` by four compare-free steps (``intdiv`` / ``clamp`` / ``mul`` / ``add``), the
+    reciprocal square root read from a table at ``W / 2**16``, and ``D·2**k·table`` gives the normalised
+    value at a fixed scale; the affine part uses int32 codes at one scale, as ``channel_affine``. Every
+    step is an IR op that each backend computes exactly as the reference; the static error bound is
+    checked against half an output step.
+    """
+    q = x.spec
+    rank, s, zp = x.rank, q.scale[0], q.zero_point[0]
+    shape = x.torch_shape
+    n = int(np.prod(shape[rank - dims:]))
+    widest = max(q.qmax - zp, zp - q.qmin)
+    bound = n * n * widest * widest
+    e = n * n * eps / (s * s)
+    m = 1
+    while 4 * m * (bound + e + 1) < 2**30:
+        m *= 4
+    if m * (bound + e + 1) >= 2**30:
+        raise ctx.unsupported(f"layer_norm over {n} elements: N²·max|d|² = {bound} leaves no int32 headroom")
+    full = (1,) * (rank - dims) + tuple(shape[rank - dims:])
+    w = np.ones(full) if weight is None else np.asarray(weight, np.float64).reshape(full)
+    b = np.zeros(full) if bias is None else np.asarray(bias, np.float64).reshape(full)
+    span = np.sqrt(n) * float(np.abs(w).max()) + float(np.abs(b).max())
+    t2 = (span or 1.0) / 2**29
+    error = _layer_norm_error(n, m, e, float(np.abs(w).max()), t2)
+    if error >= MAX_ERROR_STEPS * out.scale[0]:
+        raise ctx.unsupported(f"integer layer_norm would be {error / out.scale[0]:.2f} output steps from exact "
+                              f"(eps term N²·eps/s² = {e:.3g} is too small)")
+
+    perm = layout.identity(rank)
+    axes = list(range(rank - dims, rank))
+    i32 = QuantSpec.per_tensor(s, 0, DType.INT32)
+    one = QuantSpec.per_tensor(1.0, 0, DType.INT32)
+    d = ctx.rescale(ctx.value_in(x, perm), i32, perm)
+
+    def total(v):
+        for axis in axes:
+            v = ctx.emit("reduce_sum", v, perm=perm, axis=axis)
+        return v
+
+    s1 = total(d)
+    big_d = ctx.emit("sub", ctx.emit("mul", d, _plain(ctx, n, rank, one), perm=perm), s1, perm=perm)
+    s2 = total(ctx.emit("mul", d, d, perm=perm))
+    v = ctx.emit("sub", ctx.emit("mul", s2, _plain(ctx, n, rank, one), perm=perm),
+                 ctx.emit("mul", s1, s1, perm=perm), perm=perm)
+    u = ctx.emit("mul", v, _plain(ctx, m, rank, one), perm=perm)
+    u = ctx.emit("add", u, _plain(ctx, int(round(m * e)), rank, u.quant), perm=perm)
+    # normalise: for step in 8, 4, 2, 1: if U < 2**(30 - 2·step): U ·= 4**step, 2**k ·= 2**step
+    power = None
+    for step in (8, 4, 2, 1):
+        limit = 2 ** (30 - 2 * step)
+        at_least = ctx.emit("clamp", ctx.emit("intdiv", u, _plain(ctx, limit, rank, u.quant), perm=perm),
+                            perm=perm, min=0, max=1)
+        below = ctx.emit("sub", _plain(ctx, 1, rank, at_least.quant), at_least, perm=perm)
+        grown = ctx.emit("mul", ctx.emit("clamp", u, perm=perm, min=0, max=limit - 1),
+                         _plain(ctx, 4**step, rank, one), perm=perm)
+        u = ctx.emit("add", u, ctx.emit("mul", ctx.emit("sub", grown, u, perm=perm), below, perm=perm), perm=perm)
+        factor = ctx.emit("add", ctx.emit("mul", below, _plain(ctx, 2**step - 1, rank, one), perm=perm),
+                          _plain(ctx, 1, rank, below.quant), perm=perm)
+        power = factor if power is None else ctx.emit("mul", power, factor, perm=perm)
+    index = ctx.emit("intdiv", u, _plain(ctx, 2**16, rank, u.quant), perm=perm)
+    index16 = ctx.rescale(index, QuantSpec(DType.INT16, (1.0,), (0,), 0, 2**TABLE_BITS - 1), perm)
+    codes = np.arange(2**TABLE_BITS, dtype=np.float64)
+    table = np.where(codes > 0, np.rint(RSQRT_ONE / np.sqrt(codes + 0.5)), 0).astype(np.int32)
+    # y = D·2**k·table·sqrt(M) / 2**38: the table's scale makes the product's scale that of y
+    rsqrt = ctx.emit("table", index16, perm=perm, table=table, offset=0,
+                     out=QuantSpec.per_tensor(np.sqrt(m) / (2.0**38 * s), 0, DType.INT32))
+    scaled = ctx.emit("mul", ctx.emit("mul", big_d, power, perm=perm), rsqrt, perm=perm, shift=16)
+    y = ctx.rescale(scaled, QuantSpec.per_tensor(np.sqrt(n) / 2**15, 0, DType.INT32), perm)
+    # affine: y·w + b with w codes at t2 / s_y and b codes at the product's scale (about t2)
+    s_y = y.quant.scale[0]
+    w_codes = _int32_codes(ctx, w * s_y / t2, 1.0)
+    w_ref = Ref.constant(w_codes, QuantSpec.per_tensor(t2 / s_y, 0, DType.INT32))
+    product = ctx.emit("mul", y, ctx.place_constant(w_ref, perm), perm=perm)
+    p = product.quant
+    b_ref = Ref.constant(_int32_codes(ctx, b, p.scale[0]), p)
+    result = ctx.emit("add", product, ctx.place_constant(b_ref, perm), perm=perm)
+    return Ref.of(ctx.rescale(result, out, perm), perm)
+
+
+@register(torch.ops.aten.native_layer_norm)
+def native_layer_norm(ctx: ImportContext, node, input: Ref, normalized_shape, weight, bias, eps, **_):
+    """LayerNorm (as PyTorch's decomposition leaves it) in integers; only its first result may be used.
+    Anything this can't do raises ``unsupported``: the op is core ATen, so it then runs in float."""
+    items = {}
+    for user in node.users:
+        if packet(user) is not None or user.target is not operator.getitem or user.args[1] != 0:
+            raise ctx.unsupported("layer_norm whose mean / rstd results are used")
+        items[user] = user
+    x = _float_ref(ctx, input)
+    if not _static_quantized(x):
+        raise ctx.unsupported("integer layer_norm needs per-tensor quantized codes in")
+    out = {ctx.out_spec(user) for user in items}
+    if len(out) != 1 or None in out:
+        raise ctx.unsupported("integer layer_norm needs its result quantized (one domain)")
+    for r in (weight, bias):
+        if r is not None and not r.is_float_const:
+            raise ctx.unsupported("layer_norm with a weight or bias computed at run time")
+    result = layer_norm(ctx, x, len(normalized_shape), None if weight is None else weight.data,
+                        None if bias is None else bias.data, float(eps), out.pop())
+    return result, None, None
