@@ -259,3 +259,23 @@ def test_bilinear_without_exact_ratio_falls_back_to_float():
     np.testing.assert_array_equal(prog.run(*x)[0], run_graph(prog.source, [x[0].numpy()])[0])
     cmp = compare_with_fake_quant(prog.frontend, [x])
     assert cmp.outputs.max_step <= 1, cmp
+
+
+def test_dynamic_matmuls_broadcast_and_vectors():
+    """Dynamic quantization: equal-batch matmuls are integer with run-time scales; broadcast, 1-D and
+    constant operands take the dequantized values (what the dynamic fake-quant model computes); cpu
+    matches the reference to float rounding."""
+    from qlower.frontend import QuantConfig
+
+    torch.manual_seed(SEED)
+    model, shapes = _linalg()
+    x = _inputs(shapes, SEED)
+    report = qlower.verify(model.eval(), x, target="cpu", quant=QuantConfig(mode="dynamic"), progress=False)
+    assert report.ok, report.problems
+    assert not report.float_fallbacks, report.float_fallbacks
+    with torch.no_grad():
+        want = model(*x)
+    prog = qlower.compile(model, x, target="cpu", quant=QuantConfig(mode="dynamic"), progress=False)
+    assert "dynamic_quantize" in prog.source.count_ops()
+    for got, w in zip(prog.run(*x), want):  # dynamic int8 error only
+        assert np.abs(got - w.numpy()).max() <= 0.05 * np.abs(w.numpy()).max()

@@ -176,9 +176,12 @@ def matmul(ctx: ImportContext, node, input: Ref, other: Ref | None = None, mat2:
     replicated (``concat``), so the IR matmul always sees equal batch dims."""
     a, b = input, other if other is not None else mat2
     out_shape = tuple(int(d) for d in node.meta["val"].shape)
-    dynamic = a.scale is not None or b.scale is not None
-    if dynamic:
-        return _dynamic_matmul(ctx, a, b)
+    if a.scale is not None or b.scale is not None:
+        if _dynamic_pair(a, b):
+            return _dynamic_matmul(ctx, a, b)
+        # dynamic codes of other shapes: the dequantized operands in a float matmul (fake-quant's meaning)
+        a = Ref.of(ctx.as_float(a), a.perm) if a.scale is not None else a
+        b = Ref.of(ctx.as_float(b), b.perm) if b.scale is not None else b
     if a.rank == 1:
         a = reshape_to(ctx, a, (1,) + a.torch_shape)
     if b.rank == 1:
@@ -222,11 +225,13 @@ def repeat(ctx: ImportContext, x: Ref, dim: int, n: int) -> Ref:
     return Ref.of(ctx.emit("concat", (v,) * n, perm=x.perm, axis=layout.ir_axis(x.perm, dim)), x.perm)
 
 
-def _dynamic_matmul(ctx: ImportContext, a: Ref, b: Ref) -> Ref:
+def _dynamic_pair(a: Ref, b: Ref) -> bool:
+    """Both operands quantized at run time, with equal ranks and batch dims (an integer dynamic matmul)."""
     sa, sb = a.torch_shape, b.torch_shape
-    if a.scale is None or b.scale is None or a.rank < 2 or a.rank != b.rank or sa[:-2] != sb[:-2]:
-        raise ctx.unsupported("dynamic matmul needs both operands quantized at run time, equal ranks "
-                              "and equal batch dims")
+    return a.scale is not None and b.scale is not None and a.rank >= 2 and a.rank == b.rank and sa[:-2] == sb[:-2]
+
+
+def _dynamic_matmul(ctx: ImportContext, a: Ref, b: Ref) -> Ref:
     va, vb = ctx.value_in(a, layout.identity(a.rank)), ctx.value_in(b, layout.identity(b.rank))
     perm = layout.identity(a.rank)
     acc = ctx.emit("matmul", va, vb, perm=perm)
