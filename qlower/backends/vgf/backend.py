@@ -149,6 +149,8 @@ class VgfBackend(Backend):
         return TosaBackend()
 
     def supports(self, op: Op, target: str) -> Verdict:
+        if any(v.type.dtype is DType.BOOL for v in (*op.input_values(), *op.results)):
+            return Verdict.no("bool tensor: qlower doesn't read VGF's bool tensors (VK_FORMAT_R8_BOOL_ARM) yet")
         return self.tosa.supports(op, profile_for(target))
 
     def execution_for_new_payloads(self) -> str:
