@@ -7,7 +7,12 @@ point removed and averaged there, then rescaled to the output: the IR's
 TOSA-style integer average rounds at 1/256 of an input step, so the result is
 within that of a single rounding.
 ``count_include_pad`` padding becomes an explicit ``pad`` with the code of 0.0
-followed by an unpadded pool. ``mean`` / ``sum`` over any dims: rescale to int32
+followed by an unpadded pool; ``ceil_mode``'s partial windows are extra
+bottom/right padding, which the IR's average never counts (as PyTorch).
+``divisor_override``: the window sum as a depthwise conv of ones at scale
+``1/divisor`` (exact accumulator, one rounding). adaptive_avg_pool2d: runs of
+equal, equally spaced windows, one pool each, concatenated. Dilated max pooling:
+each tap a strided slice, taps side by side, one max pool over them. ``mean`` / ``sum`` over any dims: rescale to int32
 (zero point removed), ``reduce_sum`` per dim, multiply by an int32 constant
 holding ``1/count`` exactly (code 1, scale ``1/count``), rescale to the output.
 """
