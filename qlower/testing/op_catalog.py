@@ -117,19 +117,20 @@ CASES: list[OpCase] = []
 
 
 def _add(family: str, name: str, op: Callable[[], nn.Module] | Callable, shapes, kinds=None, note: str = "") -> None:
-    """Register a case; ``op`` is a module factory (a class or a lambda returning a module) or a plain
-    function of the inputs (wrapped in ``Fn``)."""
+    """Register a case; ``op`` is a module factory (a module class, or a callable marked by ``factory``)
+    or a plain function of the inputs (wrapped in ``Fn``). ``kinds`` default to ``"act"`` for every input."""
     shapes = tuple(tuple(s) for s in shapes)
     kinds = tuple(kinds) if kinds is not None else ("act",) * len(shapes)
     if isinstance(op, type) or getattr(op, "_is_factory", False):
-        factory = op
+        make = op
     else:
-        def factory(fn=op):
+        def make(fn=op):
             return Fn(fn)
-    CASES.append(OpCase(family, name, factory, shapes, kinds, note))
+    CASES.append(OpCase(family, name, make, shapes, kinds, note))
 
 
 def factory(make: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    """Mark ``make`` as building the op's module (rather than being the op's function)."""
     make._is_factory = True
     return make
 
