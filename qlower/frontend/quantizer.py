@@ -99,6 +99,7 @@ SHARED |= {aten.amax, aten.amin}
 ORDER_INDEX = {aten.argmax, aten.argmin}
 EXTREMES = {aten.max, aten.min}
 OWN_OUTPUT |= {aten.var, torch.ops.qlower.channel_affine}  # channel_affine: an unfolded BatchNorm
+NORMS = {aten.native_layer_norm, aten.native_group_norm, aten._native_batch_norm_legit}  # results (out, ...)
 
 
 COMPARE = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}
@@ -302,7 +303,7 @@ class QlowerQuantizer(Quantizer):
                 _annotate(n, {a: act if i == 0 else shared for i, a in enumerate(tensors)}, shared)
             elif p in EXTREMES or p in ORDER_INDEX:
                 self._annotate_extreme(n, const)
-            elif p is aten.native_layer_norm and _is_float(n.args[0]) and n not in const:
+            elif p in NORMS and _is_float(n.args[0]) and n not in const:
                 _annotate(n, {n.args[0]: act})  # its normalised result (getitem 0) owns its domain
                 for item in n.users:
                     if item.op == "call_function" and item.target is operator.getitem and item.args[1] == 0:

@@ -123,8 +123,9 @@ def layer_norm(ctx: ImportContext, x: Ref, dims: int, weight: np.ndarray | None,
     if m * (bound + e + 1) >= 2**30:
         raise ctx.unsupported(f"layer_norm over {n} elements: N²·max|d|² = {bound} leaves no int32 headroom")
     full = (1,) * (rank - dims) + tuple(shape[rank - dims:])
-    w = np.ones(full) if weight is None else np.asarray(weight, np.float64).reshape(full)
-    b = np.zeros(full) if bias is None else np.asarray(bias, np.float64).reshape(full)
+    w = np.ones(full) if weight is None else np.asarray(weight, np.float64)
+    b = np.zeros(full) if bias is None else np.asarray(bias, np.float64)
+    w, b = (a if a.ndim == rank else a.reshape(full) for a in (w, b))  # rank-sized: broadcast as they are
     span = np.sqrt(n) * float(np.abs(w).max()) + float(np.abs(b).max())
     t2 = (span or 1.0) / 2**29
     error = _layer_norm_error(n, m, e, float(np.abs(w).max()), t2)
@@ -183,24 +184,66 @@ def layer_norm(ctx: ImportContext, x: Ref, dims: int, weight: np.ndarray | None,
     return Ref.of(ctx.rescale(result, out, perm), perm)
 
 
+def _normalised_result(ctx: ImportContext, node, input: Ref, weight, bias) -> tuple[Ref, QuantSpec]:
+    """Checks shared by the norms (ops with results (out, mean, rstd)): only ``out`` is used, quantized in
+    one domain; the input holds per-tensor codes; weight and bias are constants. Returns (input, out spec)."""
+    name = str(node.target)
+    for user in node.users:
+        if packet(user) is not None or user.target is not operator.getitem or user.args[1] != 0:
+            raise ctx.unsupported(f"{name} whose mean / rstd results are used")
+    x = _float_ref(ctx, input)
+    if not _static_quantized(x):
+        raise ctx.unsupported(f"integer {name} needs per-tensor quantized codes in")
+    out = {ctx.out_spec(user) for user in node.users}
+    if len(out) != 1 or None in out:
+        raise ctx.unsupported(f"integer {name} needs its result quantized (one domain)")
+    for r in (weight, bias):
+        if r is not None and not r.is_float_const:
+            raise ctx.unsupported(f"{name} with a weight or bias computed at run time")
+    return x, out.pop()
+
+
+def _data(r: Ref | None) -> np.ndarray | None:
+    return None if r is None else r.data
+
+
 @register(torch.ops.aten.native_layer_norm)
 def native_layer_norm(ctx: ImportContext, node, input: Ref, normalized_shape, weight, bias, eps, **_):
     """LayerNorm (as PyTorch's decomposition leaves it) in integers; only its first result may be used.
     Anything this can't do raises ``unsupported``: the op is core ATen, so it then runs in float."""
-    items = {}
-    for user in node.users:
-        if packet(user) is not None or user.target is not operator.getitem or user.args[1] != 0:
-            raise ctx.unsupported("layer_norm whose mean / rstd results are used")
-        items[user] = user
-    x = _float_ref(ctx, input)
-    if not _static_quantized(x):
-        raise ctx.unsupported("integer layer_norm needs per-tensor quantized codes in")
-    out = {ctx.out_spec(user) for user in items}
-    if len(out) != 1 or None in out:
-        raise ctx.unsupported("integer layer_norm needs its result quantized (one domain)")
-    for r in (weight, bias):
-        if r is not None and not r.is_float_const:
-            raise ctx.unsupported("layer_norm with a weight or bias computed at run time")
-    result = layer_norm(ctx, x, len(normalized_shape), None if weight is None else weight.data,
-                        None if bias is None else bias.data, float(eps), out.pop())
-    return result, None, None
+    x, out = _normalised_result(ctx, node, input, weight, bias)
+    return layer_norm(ctx, x, len(normalized_shape), _data(weight), _data(bias), float(eps), out), None, None
+
+
+def _per_channel_norm(ctx: ImportContext, x: Ref, groups: int, weight, bias, eps: float, out: QuantSpec) -> Ref:
+    """Normalise ``x`` [N, C, *spatial] over each group of ``C / groups`` channels and all spatial
+    positions (a LayerNorm of the [N, groups, C / groups · spatial] view), then ``w[c]``, ``b[c]``."""
+    shape = x.torch_shape
+    n, c = shape[0], shape[1]
+    plane = int(np.prod(shape[2:]))
+    identity = layout.identity(x.rank)
+    view = (n, groups, c // groups * plane)
+    grouped = Ref.of(ctx.emit("reshape", ctx.value_in(x, identity), perm=(0, 1, 2), shape=view), (0, 1, 2))
+
+    def spread(a):  # w[c] for every element of the view
+        return None if a is None else np.repeat(np.asarray(a, np.float64).reshape(groups, c // groups, 1),
+                                                plane, axis=2).reshape((1,) + view[1:])
+    y = layer_norm(ctx, grouped, 1, spread(weight), spread(bias), eps, out)
+    return Ref.of(ctx.emit("reshape", y.value, perm=identity, shape=tuple(shape)), identity)
+
+
+@register(torch.ops.aten.native_group_norm)
+def native_group_norm(ctx: ImportContext, node, input: Ref, weight, bias, N, C, HxW, group, eps, **_):  # noqa: N803
+    x, out = _normalised_result(ctx, node, input, weight, bias)
+    return _per_channel_norm(ctx, x, int(group), _data(weight), _data(bias), float(eps), out), None, None
+
+
+@register(torch.ops.aten._native_batch_norm_legit.no_stats)
+def instance_norm(ctx: ImportContext, node, input: Ref, weight, bias, training, momentum, eps, **_):
+    """Batch statistics without running ones: what InstanceNorm becomes ([1, N·C, ...] view). A LayerNorm
+    per channel when the batch is 1; otherwise (true batch statistics) it runs in float."""
+    x, out = _normalised_result(ctx, node, input, weight, bias)
+    if x.torch_shape[0] != 1:
+        raise ctx.unsupported("batch-statistics normalisation over a batch of more than 1 (not an InstanceNorm)")
+    c = x.torch_shape[1]
+    return _per_channel_norm(ctx, x, c, _data(weight), _data(bias), float(eps), out), None, None
