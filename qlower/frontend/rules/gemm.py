@@ -1,4 +1,5 @@
-"""conv1d / conv2d / linear / matmul: multiply-accumulate into an int32 accumulator, then ``rescale``.
+"""conv1d / conv2d / linear / addmm / matmul (mm, bmm, 1-D operands, broadcast batch dims):
+multiply-accumulate into an int32 accumulator, then ``rescale``.
 
 Static: int8 input × int8 weight (OHWI for convs, permuted with NumPy) + int32
 bias ``round_half_even(b / (s_in * s_w[c]))`` → accumulator with scale
