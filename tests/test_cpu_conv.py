@@ -188,3 +188,21 @@ def test_float32_engine_only_while_torch_float32_is_ieee():
     finally:
         torch.set_float32_matmul_precision("highest")
     np.testing.assert_array_equal(plan.run(inputs)[0], expected[0])
+
+
+@pytest.mark.parametrize("engine", [None, "int8"] if gemm.int_mm_exact() else [None])
+def test_one_channel_pointwise_conv_reads_a_transposed_view_exactly(engine):
+    """NCHW codes with one channel transposed to NHWC are a view whose size-1 channel dim keeps a
+    stride of H*W: it counts as contiguous, and torch._int_mm used to read garbage from it."""
+    b = GraphBuilder("one_channel")
+    x = b.input("x", TensorType((2, 1, 4, 8), DType.INT8, QuantSpec.per_tensor(0.02, -30)))
+    nhwc = b.op("transpose", x, perm=(0, 2, 3, 1))
+    w = b.constant(np.array([[[[-127]]]], np.int8), QuantSpec.per_channel([6e-5], axis=0, qmin=-127, qmax=127))
+    acc = b.op("conv2d", nhwc, w, None)
+    out = b.op("rescale", acc, out=QuantSpec.per_tensor(0.002, -128))
+    graph = verify(b.build([out]))
+    inputs = random_inputs(graph, 7)
+    want = run_graph(graph, inputs)[0]
+    plan = prepare(graph, gemm_engine=engine)
+    for _ in range(5):  # the bad read was of uninitialised memory: it varied from run to run
+        np.testing.assert_array_equal(plan.run(inputs)[0], want)

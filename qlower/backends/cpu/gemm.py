@@ -203,7 +203,11 @@ def _pack(w2d: np.ndarray, w_quant: QuantSpec, bias: np.ndarray | None, x_dtype:
 def raw_sum(p: PackedGemm, cols: torch.Tensor) -> torch.Tensor:
     """``cols`` ([M, K] codes) times the packed weights: int32 when ``|raw|`` provably fits, else int64."""
     if p.engine == "int8":
-        return torch._int_mm(cols.contiguous(), p.w)
+        # oneDNN reads the strides as given: a size-1 dim may carry any stride and still count as
+        # contiguous (a [N, H, W, 1] view of NCHW codes), and then _int_mm reads garbage
+        if cols.stride() != (cols.shape[1], 1):
+            cols = cols.clone(memory_format=torch.contiguous_format)
+        return torch._int_mm(cols, p.w)
     dtype = p.w.dtype
     xc = cols.to(dtype) - float(p.x_zp)  # exact: integer codes
     if len(p.chunks) == 1:
