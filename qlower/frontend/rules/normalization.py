@@ -88,9 +88,27 @@ def _plain(ctx: ImportContext, value: int, rank: int, spec: QuantSpec):
     return ctx.constant(np.full((1,) * rank, value, np.int32), spec)
 
 
-def _layer_norm_error(n: int, m: int, e: float, w_max: float, t2: float) -> float:
+def _fine_scale(m: int, e: float) -> tuple[int, int, float]:
+    """How much finer (``4**j``) small variances are held (see layer_norm): ``(j, V limit, bound on U)``.
+
+    Holding E as ``round(M·E)`` moves the normalised value by at most ``sqrt(N) / (4 U)``: ``U`` is at
+    least ``M_f·E`` on the fine path and ``M·(limit + 1)`` on the coarse one; ``j`` maximises the smaller.
+    """
+    best = (0, -1, m * e - 0.5)
+    for j in range(1, 16):
+        fine = m * 4**j
+        limit = int((2**30 - 1) // fine - e - 2)
+        if limit < 0:
+            break
+        smallest = min(fine * e - 0.5, m * (limit + 1.0))
+        if smallest > best[2]:
+            best = (j, limit, smallest)
+    return best
+
+
+def _layer_norm_error(n: int, m: int, u_min: float, w_max: float, t2: float) -> float:
     """Bound (in output value units) on |integer LayerNorm - exact| before the output rounding; see layer_norm."""
-    normalised = (np.sqrt(n) / (4 * max(m * e - 0.5, 1e-30))       # E held as round(M·E)
+    normalised = (np.sqrt(n) / (4 * max(u_min, 1e-30))              # E held as an integer
                   + np.sqrt(n) * (2.0**-(TABLE_BITS) + 2.0**-22)    # index truncation, table rounding
                   + 0.5 * np.sqrt(m) / 2**22 + 0.5 * np.sqrt(n) / 2**15)  # two rescale roundings
     return w_max * normalised + (2**15 + 1) * t2                    # weight and bias codes at t2
@@ -103,7 +121,8 @@ def layer_norm(ctx: ImportContext, x: Ref, dims: int, weight: np.ndarray | None,
 
     With ``d = q - zp`` over the ``N`` normalised elements: ``D = N·d - Σd``, ``V = N·Σd² - (Σd)²``, and
     ``(x - mean) / sqrt(var + eps) = D / sqrt(V + E)`` with ``E = N² eps / s²``. ``U = M·V + round(M·E)``
-    (``M`` the largest power of 4 that keeps ``U`` below ``2**30``) is normalised to ``W = U·4**k`` in
+    (``M`` the largest power of 4 that keeps ``U`` below ``2**30``; a small ``V`` is held ``4**j`` times
+    finer, so that rounding ``E`` stays negligible, see ``_fine_scale``) is normalised to ``W = U·4**k`` in
     ``[2**28, 2**30)`` by four compare-free steps (``intdiv`` / ``clamp`` / ``mul`` / ``add``), the
     reciprocal square root read from a table at ``W / 2**16``, and ``D·2**k·table`` gives the normalised
     value at a fixed scale; the affine part uses int32 codes at one scale, as ``channel_affine``. Every
@@ -128,7 +147,8 @@ def layer_norm(ctx: ImportContext, x: Ref, dims: int, weight: np.ndarray | None,
     w, b = (a if a.ndim == rank else a.reshape(full) for a in (w, b))  # rank-sized: broadcast as they are
     span = np.sqrt(n) * float(np.abs(w).max()) + float(np.abs(b).max())
     t2 = (span or 1.0) / 2**29
-    error = _layer_norm_error(n, m, e, float(np.abs(w).max()), t2)
+    j, limit, u_min = _fine_scale(m, e)
+    error = _layer_norm_error(n, m, u_min, float(np.abs(w).max()), t2)
     if error >= MAX_ERROR_STEPS * out.scale[0]:
         raise ctx.unsupported(f"integer layer_norm would be {error / out.scale[0]:.2f} output steps from exact "
                               f"(eps term N²·eps/s² = {e:.3g} is too small)")
@@ -151,8 +171,20 @@ def layer_norm(ctx: ImportContext, x: Ref, dims: int, weight: np.ndarray | None,
                  ctx.emit("mul", s1, s1, perm=perm), perm=perm)
     u = ctx.emit("mul", v, _plain(ctx, m, rank, one), perm=perm)
     u = ctx.emit("add", u, _plain(ctx, int(round(m * e)), rank, u.quant), perm=perm)
-    # normalise: for step in 8, 4, 2, 1: if U < 2**(30 - 2·step): U ·= 4**step, 2**k ·= 2**step
     power = None
+    if j:  # V up to the limit: U = M·4**j·V + round(M·4**j·E), and the result's 2**j is in ``power``
+        fine = m * 4**j
+        small_u = ctx.emit("mul", ctx.emit("clamp", v, perm=perm, min=0, max=limit),
+                           _plain(ctx, fine, rank, one), perm=perm)
+        small_u = ctx.emit("add", small_u, _plain(ctx, int(round(fine * e)), rank, small_u.quant), perm=perm)
+        large = ctx.emit("clamp", ctx.emit("intdiv", v, _plain(ctx, limit + 1, rank, v.quant), perm=perm),
+                         perm=perm, min=0, max=1)
+        u = ctx.emit("add", small_u, ctx.emit("mul", ctx.emit("sub", u, small_u, perm=perm), large, perm=perm),
+                     perm=perm)
+        small = ctx.emit("sub", _plain(ctx, 1, rank, large.quant), large, perm=perm)
+        power = ctx.emit("add", ctx.emit("mul", small, _plain(ctx, 2**j - 1, rank, one), perm=perm),
+                         _plain(ctx, 1, rank, small.quant), perm=perm)
+    # normalise: for step in 8, 4, 2, 1: if U < 2**(30 - 2·step): U ·= 4**step, 2**k ·= 2**step
     for step in (8, 4, 2, 1):
         limit = 2 ** (30 - 2 * step)
         at_least = ctx.emit("clamp", ctx.emit("intdiv", u, _plain(ctx, limit, rank, u.quant), perm=perm),
