@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +12,7 @@ from torch import nn
 
 from qlower.errors import InputError, UnsupportedOpError
 from qlower.frontend import QuantConfig, capture_and_import
+from qlower.reference import run_graph
 
 
 class Upsampler(nn.Module):
@@ -99,10 +101,22 @@ class RuntimeWeight(nn.Module):
         return F.conv2d(x, w)
 
 
-def test_conv_with_a_runtime_weight_is_rejected():
-    w = torch.randn(2, 3, 1, 1)
+@pytest.mark.parametrize("quant", [None, QuantConfig()], ids=["float", "int8"])
+def test_conv_with_a_runtime_weight_runs_in_float(quant):
+    """conv2d's rule takes constant weights only; this case is imported as PyTorch's decomposition
+    (a core ``aten.convolution``), in float, instead of being refused."""
+    w = torch.randn(2, 3, 1, 1, generator=torch.Generator().manual_seed(3))
+    result = capture_and_import(RuntimeWeight(), (X, w), quant, [(X, w)], progress=False)
+    assert [op.attrs["target"] for op in result.graph.ops if op.kind == "aten"] == ["aten.convolution.default"]
+    got = run_graph(result.graph, [X.numpy(), w.numpy()])[0]
+    want = RuntimeWeight()(X, w).numpy()
+    if quant is None:
+        np.testing.assert_array_equal(got, want)
+    else:  # the output is quantized: within one step of its scale
+        step = (want.max() - want.min()) / 255
+        assert np.abs(got - want).max() <= 1.01 * step
     with pytest.raises(UnsupportedOpError, match="weight must be a constant"):
-        capture_and_import(RuntimeWeight(), (X, w), None, progress=False)
+        capture_and_import(RuntimeWeight(), (X, w), STRICT, [(X, w)], progress=False)
 
 
 class Branchy(nn.Module):

@@ -115,8 +115,8 @@ class ImportContext:
             raise self.unsupported(f"'{node.name}' ({node.target}) is used as a tensor but isn't one here")
         return entry
 
-    def attr(self, target: str) -> object:
-        obj = self.gm
+    def attr(self, target: str, owner: torch.nn.Module | None = None) -> object:
+        obj = self.gm if owner is None else owner
         for part in target.split("."):
             obj = getattr(obj, part)
         return obj

@@ -24,7 +24,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 from torch.utils import _pytree as pytree
 
-_KEEP_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "torch_fn")
+KEEP_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "from_node", "torch_fn")
 MAX_ROUNDS = 4
 
 
@@ -38,16 +38,22 @@ def _decomposition_of(target: torch._ops.OpOverload) -> dict:
     for table in (QLOWER_DECOMPOSITIONS, torch.export.default_decompositions(), decomposition_table):
         if target in table:
             return {target: table[target]}
-    return {}  # composite-implicit ops decompose without an entry
+    if torch._C._dispatch_has_kernel_for_dispatch_key(target.name(), "CompositeImplicitAutograd"):
+        return {target: target.decompose}  # export keeps some (linear, conv2d) unless asked
+    return {}
 
 
-def _decomposition(node: Node) -> tuple[GraphModule, list[Node], object] | None:
-    """The op of ``node`` alone, exported and decomposed: (module, its tensor inputs, output spec)."""
+def decomposition(node: Node, example_of: Callable[[Node], torch.Tensor | None] | None = None
+                  ) -> tuple[GraphModule, list[Node], object] | None:
+    """The op of ``node`` alone, exported and decomposed: (module, its tensor inputs, output spec).
+    ``example_of`` gives an input's shape and dtype where the graph has no metadata for it (the
+    quantize/dequantize nodes PT2E writes)."""
     target = node.target
     flat, spec = pytree.tree_flatten((node.args, node.kwargs))
     where = [i for i, a in enumerate(flat) if isinstance(a, Node)]
     inputs = [flat[i] for i in where]
-    vals = [n.meta.get("val") for n in inputs]
+    vals = [n.meta.get("val") if isinstance(n.meta.get("val"), torch.Tensor) or example_of is None
+            else example_of(n) for n in inputs]
     if not all(isinstance(v, torch.Tensor) for v in vals):
         return None
 
@@ -78,7 +84,7 @@ def _splice(gm: GraphModule, node: Node, module: GraphModule, inputs: list[Node]
     env: dict[Node, Node] = {}
     placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
     env.update(zip(placeholders, inputs))
-    meta = {k: node.meta[k] for k in _KEEP_META if k in node.meta}
+    meta = {k: node.meta[k] for k in KEEP_META if k in node.meta}
     outputs = None
     with graph.inserting_before(node):
         for n in module.graph.nodes:
@@ -97,7 +103,7 @@ def _splice(gm: GraphModule, node: Node, module: GraphModule, inputs: list[Node]
                 new.meta.update(n.meta)
             else:
                 new = graph.node_copy(n, lambda a: env[a])
-                for k in _KEEP_META:  # where the user wrote the op, never this module's wrapper
+                for k in KEEP_META:  # where the user wrote the op, never this module's wrapper
                     new.meta.pop(k, None)
                 new.meta.update(meta)
             env[n] = new
@@ -127,7 +133,7 @@ def decompose_unruled(gm: GraphModule, has_rule: Callable[[object], bool]) -> Gr
             if (node.op != "call_function" or not isinstance(target, torch._ops.OpOverload)
                     or target.namespace != "aten" or has_rule(target) or torch.Tag.core in target.tags):
                 continue
-            found = _decomposition(node)
+            found = decomposition(node)
             if found is not None:
                 _splice(gm, node, *found)
                 changed = True

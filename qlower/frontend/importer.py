@@ -28,6 +28,7 @@ from torch.utils import _pytree as pytree
 from qlower.errors import UnsupportedOpError
 from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
+from qlower.frontend.decompose import KEEP_META, decomposition
 from qlower.frontend.fallback import can_fall_back, import_fallback, ir_type, plain_integer_constant
 from qlower.frontend.rules import load_all, rule_for
 from qlower.ir import DType, Graph, TensorType, Value, verify
@@ -98,10 +99,53 @@ def _call_rule(ctx: ImportContext, node: Node) -> object:
         kwargs = {k: pytree.tree_map(lookup, v) for k, v in kwargs.items()}
         return rule(ctx, node, **kwargs)
     except UnsupportedOpError:
-        if ctx.fallback != "float" or not can_fall_back(node):
+        if ctx.fallback != "float":
             raise
         ctx.node = node
-        return import_fallback(ctx, node)
+        if can_fall_back(node):
+            return import_fallback(ctx, node)
+        pieces = _import_decomposed(ctx, node)
+        if pieces is None:
+            raise
+        return pieces
+
+
+def _import_decomposed(ctx: ImportContext, node: Node) -> object | None:
+    """A non-core op whose rule can't take this case, imported as PyTorch's decomposition of it, in
+    float (its pieces are not quantized: each becomes a float op or a core ATen fallback)."""
+    def example_of(a: Node) -> torch.Tensor | None:
+        ref = ctx.env.get(a)
+        if not isinstance(ref, Ref):
+            return None
+        plain = ref.spec is not None and ref.spec.is_plain_integer and ref.scale is None
+        bool_value = not ref.is_const and ref.value.dtype is DType.BOOL
+        dtype = torch.int64 if plain else torch.bool if bool_value else torch.float32
+        return torch.zeros(ref.torch_shape, dtype=dtype)
+
+    found = decomposition(node, example_of)
+    if found is None:
+        return None
+    module, inputs, out_spec = found
+    placeholders = iter(inputs)
+    leaves: list[object] = []
+    for sub in module.graph.nodes:
+        if sub.op == "placeholder":
+            ref = ctx.env[next(placeholders)]
+            ctx.env[sub] = Ref.of(ctx.as_float(ref), ref.perm) if isinstance(ref, Ref) and ref.is_quantized \
+                and not (ref.spec.is_plain_integer and ref.scale is None) else ref
+        elif sub.op == "get_attr":
+            ctx.env[sub] = _get_attr(ctx, sub, module)
+        elif sub.op == "call_function":
+            for k in KEEP_META:  # errors and origins name the user's line, not the decomposition's
+                if k in node.meta:
+                    sub.meta[k] = node.meta[k]
+            ctx.node = sub
+            foldable = sub.target is not operator.getitem and _foldable(ctx, sub)
+            ctx.env[sub] = _fold_float(ctx, sub) if foldable else _call_rule(ctx, sub)
+        elif sub.op == "output":
+            leaves = [ctx.env[a] if isinstance(a, Node) else a for a in pytree.tree_leaves(sub.args[0])]
+    ctx.node = node
+    return pytree.tree_unflatten(leaves, out_spec)
 
 
 def _fall_back(ctx: ImportContext, node: Node, reason: str) -> object:
@@ -134,8 +178,8 @@ def _placeholder(ctx: ImportContext, node: Node) -> Ref:
     return Ref.of(value, layout.identity(val.dim()))
 
 
-def _get_attr(ctx: ImportContext, node: Node) -> Ref:
-    data = ctx.attr(node.target)
+def _get_attr(ctx: ImportContext, node: Node, owner: torch.nn.Module | None = None) -> Ref:
+    data = ctx.attr(node.target, owner)
     if not isinstance(data, torch.Tensor):
         raise ctx.unsupported(f"attribute '{node.target}' is a {type(data).__name__}, not a tensor", node)
     array = data.detach().contiguous().numpy().copy()
