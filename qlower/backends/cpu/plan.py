@@ -17,7 +17,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from qlower.backends.cpu import aten_fallback, conv, data_movement, dynamic, elementwise, gemm, pooling, quantization, reductions  # noqa: F401
+from qlower.backends.cpu import (  # noqa: F401
+    aten_fallback,
+    conv,
+    data_movement,
+    dynamic,
+    elementwise,
+    gemm,
+    pooling,
+    quantization,
+    reductions,
+)
 from qlower.backends.cpu import native as native_mod
 from qlower.backends.cpu.context import BuildContext, Kernel, build_kernel
 from qlower.backends.cpu.conv import DirectConv, GemmConv
