@@ -244,3 +244,29 @@ def test_verification_report_names_fallbacks(mixed, tmp_path):
     assert "runs in float on the host" in str(report)
     html = report.write_html(tmp_path / "r.html").read_text()
     assert "id='fallbacks'" in html and "aten.cumsum.default" in html
+
+
+class FloatSoftmaxUnderMask(nn.Module):
+    """A bool mask fills scores with -inf, which has no int8 code: the softmax reads floats."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x):
+        scores = self.fc(x)
+        mask = torch.ones(6, 6, dtype=torch.bool).tril()
+        return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+@pytest.mark.parametrize("target", ["reference", "cpu"])
+def test_host_only_programs_name_every_float_op(target):
+    torch.manual_seed(SEED)
+    model = FloatSoftmaxUnderMask().eval()
+    x = _inputs(1, 6, 6)
+    prog = qlower.compile(model, (x,), target=target, calibration=[(x,)], progress=False)
+    named = {d.op for d in prog.decisions}
+    boundary = {"constant", "quantize", "dequantize", "dynamic_quantize", "cast", "delegate"}
+    float_ops = [op for op in prog.graph.ops if op.kind not in boundary and any(r.dtype.is_float for r in op.results)]
+    assert float_ops and set(float_ops) <= named
+    assert "float softmax" in prog.explain()

@@ -210,9 +210,20 @@ def _partition(graph: Graph, backend: Backend, target: str, prefix: str, trace: 
     return PartitionResult(host, partitions, decisions)
 
 
+_FLOAT_BOUNDARY = frozenset({"constant", "quantize", "dequantize", "dynamic_quantize", "cast", "delegate"})
+
+
 def float_fallbacks(graph: Graph) -> list[HostDecision]:
-    """The float fallback ops of a program that runs wholly on the host, with their reason."""
-    return [HostDecision(op, fallback_reason(op.attrs["target"])) for op in graph.ops if op.kind == "aten"]
+    """The ops of a program that runs wholly on the host that compute in float, with their reason:
+    the float fallbacks, and IR ops whose operands the model leaves unquantized."""
+    decisions = []
+    for op in graph.ops:
+        if op.kind == "aten":
+            decisions.append(HostDecision(op, fallback_reason(op.attrs["target"])))
+        elif op.kind not in _FLOAT_BOUNDARY and any(r.dtype.is_float for r in op.results):
+            decisions.append(HostDecision(op, f"float {op.kind}: its operands are not quantized here (float or "
+                                              "dynamic quantization, or a float fallback upstream)"))
+    return decisions
 
 
 def _host_graph(graph: Graph, part_of: dict[Op, int], groups: dict[int, list[Op]],
