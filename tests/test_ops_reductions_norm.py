@@ -100,6 +100,18 @@ def _normal(shape, seed):
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed))
 
 
+class AfterConv(nn.Module):
+    """Reductions of an NHWC conv output (reduced axes move in the IR's layout)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(4, 5, 3, padding=1)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return y.amax(dim=1), y.argmax(dim=1, keepdim=True), y.var(dim=(2, 3)), y.min(dim=-1)[1], y.mean(dim=1)
+
+
 def _seeded(cls):
     torch.manual_seed(SEED)
     return cls()
@@ -125,6 +137,7 @@ FAMILIES = {
     "var": (lambda: Prefix(_var), _normal, {"reduce_sum", "sub"}),
     "whole_tensor": (lambda: Prefix(_whole_tensor), _normal, {"reduce_max", "reduce_min", "argmin"}),
     "batch_norm": (_bn_model, _normal, {"mul", "add"}),
+    "after_conv": (lambda: _seeded(AfterConv), _normal, {"conv2d", "reduce_max", "argmax", "argmin", "sub"}),
     "layer_norm": (lambda: _seeded(TokenNorm), _layer_norm_input, {"reduce_sum", "intdiv", "table"}),
 }
 SHAPE = (2, 4, 5, 6)

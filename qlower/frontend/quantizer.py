@@ -14,6 +14,10 @@ Static mode (``QuantConfig.mode == "static"``):
   one quantization domain with their inputs (SharedQuantizationSpec); pass-through
   ops on constants are left alone (the constant is quantized where it is used).
 - pooling, reductions, softmax and pointwise non-linearities own their output domain.
+- amax / amin / max / min keep their input's domain; argmax / argmin (and max.dim's indices) only
+  quantize their input; LayerNorm / GroupNorm / InstanceNorm (native_* ops) quantize their input and
+  their normalised result; a BatchNorm that prepare_pt2e could not fold becomes ``channel_affine``
+  (frontend/channel_affine.py), which owns its output domain.
 - minimum, maximum, where, clamp by tensors and comparisons: the tensor operands (and the
   result, but for a comparison's bools) share one domain; constant operands stay float.
 - a value that is NaN or infinite on the calibration data (finite.py) is not quantized, nor is
