@@ -28,7 +28,7 @@ from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.rules import STATIC_ONLY, register
 from qlower.frontend.rules.elementwise import COMMON_SHIFT, _float_ref, _static_quantized
-from qlower.frontend.rules.softmax import EXP_BITS, exp_table
+from qlower.frontend.rules.softmax import EXP_BITS, exponentials
 from qlower.ir import DType, QuantSpec
 
 aten = torch.ops.aten
@@ -48,20 +48,13 @@ def log_softmax(ctx: ImportContext, node, input: Ref, dim, dtype=None, half_to_f
     if not _static_quantized(x) or out is None or x.spec.dtype not in (DType.INT8, DType.INT16):
         raise ctx.unsupported("only integer on int8/int16 tensors quantized per tensor on both sides")
     axis = layout.ir_axis(x.perm, dim)
-    spec, perm = x.spec, x.perm
-    v = ctx.value_in(x)
-    n, s, span = v.shape[axis], spec.scale[0], spec.qmax - spec.qmin
+    perm, s = x.perm, x.spec.scale[0]
+    n = ctx.value_in(x).shape[axis]
     error = n / 2**16 + n / (2 * S16_MAX) + 2.0 ** -(LOG_BITS + 1)
     if n * 2**EXP_BITS >= 2**31 or error > out.scale[0] / 4:
         raise ctx.unsupported(f"a row of {n} is too long for an integer log_softmax within a quarter of an "
                               f"output step ({out.scale[0]:.3g})")
-    centered = QuantSpec.per_tensor(s, 0, DType.INT32)
-    m = ctx.emit("reduce_max", v, perm=perm, axis=axis)
-    d = ctx.emit("sub", ctx.rescale(v, centered, perm), ctx.rescale(m, centered, perm), perm=perm)
-    d16 = ctx.rescale(d, QuantSpec.per_tensor(s, 0, DType.INT16, -span, 0), perm)
-    e = ctx.emit("table", d16, perm=perm, table=exp_table(s, span), offset=span,
-                 out=QuantSpec.per_tensor(2.0**-EXP_BITS, 0, DType.INT32))
-    total = ctx.emit("reduce_sum", e, perm=perm, axis=axis)
+    d, _, total = exponentials(ctx, x, axis)
     s16 = ctx.rescale(total, QuantSpec.per_tensor(n / S16_MAX, 0, DType.INT16, 0, S16_MAX), perm)
     log_s = ctx.emit("table", s16, perm=perm, table=log_table(n), offset=0,
                      out=QuantSpec.per_tensor(2.0**-LOG_BITS, 0, DType.INT32))

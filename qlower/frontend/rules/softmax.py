@@ -32,7 +32,7 @@ from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.rules import register
 from qlower.frontend.rules.elementwise import _float_ref
-from qlower.ir import DType, QuantSpec
+from qlower.ir import DType, QuantSpec, Value
 
 aten = torch.ops.aten
 EXP_BITS = 15
@@ -45,14 +45,11 @@ def exp_table(scale: float, span: int) -> np.ndarray:
     return np.rint(np.exp(d * scale) * 2.0**EXP_BITS).astype(np.int32)
 
 
-@register(aten.softmax, aten._softmax)
-def softmax(ctx: ImportContext, node, input: Ref, dim, dtype=None, half_to_float=False, **_):
-    x = _float_ref(ctx, input)
-    axis = layout.ir_axis(x.perm, dim)
-    spec = x.spec
-    if not x.is_quantized or spec.is_per_channel or spec.dtype not in (DType.INT8, DType.INT16):
-        return Ref.of(ctx.emit("softmax", ctx.as_float(x), perm=x.perm, axis=axis), x.perm)
-    perm, s, span = x.perm, spec.scale[0], spec.qmax - spec.qmin
+def exponentials(ctx: ImportContext, x: Ref, axis: int) -> tuple[Value, Value, Value]:
+    """The first lines of the recipe, shared with log_softmax: ``d = x - max`` (int32 at the input's
+    scale, exact), ``e = round(exp(d·s) · 2**EXP_BITS)`` and its sum ``S`` along ``axis``."""
+    perm, spec = x.perm, x.spec
+    s, span = spec.scale[0], spec.qmax - spec.qmin
     v = ctx.value_in(x)
     centered = QuantSpec.per_tensor(s, 0, DType.INT32)
     m = ctx.emit("reduce_max", v, perm=perm, axis=axis)
@@ -60,7 +57,18 @@ def softmax(ctx: ImportContext, node, input: Ref, dim, dtype=None, half_to_float
     d16 = ctx.rescale(d, QuantSpec.per_tensor(s, 0, DType.INT16, -span, 0), perm)
     e = ctx.emit("table", d16, perm=perm, table=exp_table(s, span), offset=span,
                  out=QuantSpec.per_tensor(2.0**-EXP_BITS, 0, DType.INT32))
-    total = ctx.emit("reduce_sum", e, perm=perm, axis=axis)
+    return d, e, ctx.emit("reduce_sum", e, perm=perm, axis=axis)
+
+
+@register(aten.softmax, aten._softmax)
+def softmax(ctx: ImportContext, node, input: Ref, dim, dtype=None, half_to_float=False, **_):
+    x = _float_ref(ctx, input)
+    axis = layout.ir_axis(x.perm, dim)
+    spec = x.spec
+    if not x.is_quantized or spec.is_per_channel or spec.dtype not in (DType.INT8, DType.INT16):
+        return Ref.of(ctx.emit("softmax", ctx.as_float(x), perm=x.perm, axis=axis), x.perm)
+    perm = x.perm
+    _, e, total = exponentials(ctx, x, axis)
     one = ctx.constant(np.full((1,) * x.rank, 2**PROB_BITS, np.int32),
                        QuantSpec.per_tensor(2.0**-PROB_BITS, 0, DType.INT32))
     p = ctx.emit("intdiv", ctx.emit("mul", e, one, perm=perm), total, perm=perm)
