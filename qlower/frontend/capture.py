@@ -88,14 +88,15 @@ def _model_line(model: nn.Module, error: BaseException) -> str | None:
 
 
 def _reject_unfolded_batch_norm(gm: GraphModule) -> None:
-    """prepare_pt2e folds BatchNorm into a preceding conv/linear; one that is left can't be quantized
-    (and convert_pt2e would spend a minute trying QAT folding patterns on it)."""
+    """prepare_pt2e folds BatchNorm into a preceding conv/linear, and an eval-mode one with constant
+    statistics becomes an integer per-channel affine map (channel_affine.py); one that is still
+    left can't be integer (and convert_pt2e would spend a minute trying QAT folding patterns on it)."""
     for node in gm.graph.nodes:
         if node.op == "call_function" and getattr(node.target, "overloadpacket", None) is torch.ops.aten.batch_norm:
             raise UnsupportedOpError(
-                f"{node.target} (node '{node.name}') {describe_node(node)}: a BatchNorm that doesn't directly "
-                "follow a conv/linear can't be folded into it, and qlower quantizes BatchNorm only by folding; "
-                "move it right after a conv/linear or import the model in float (quant=None)")
+                f"{node.target} (node '{node.name}') {describe_node(node)}: a BatchNorm that is neither folded "
+                "into a conv/linear nor an eval-mode per-channel affine map with constant statistics can't be "
+                "integer; call model.eval(), or let it run in float (QuantConfig(fallback='float'))")
 
 
 def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig | None,
