@@ -17,11 +17,11 @@ import qlower
 from qlower.api import lower_graph
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
 from qlower.reference import run_graph
-from qlower.testing.frontend import compare_with_fake_quant
+from qlower.testing.frontend import FLOAT_BOUNDARY, assert_integer_program, compare_with_fake_quant
 
 SEED = 0
 TARGETS = ("cpu", "tosa-1.0+int")
-BOUNDARY = {"quantize", "dequantize", "constant", "delegate", "transpose", "reshape"}
+BOUNDARY = FLOAT_BOUNDARY
 
 
 class Prefix(nn.Module):
@@ -159,12 +159,7 @@ def family(request):
 
 def test_integer_ops_and_no_float_fallback(family):
     name, _, _, prog, kinds = family
-    ops = prog.source.count_ops()
-    assert "aten" not in ops, [op.attrs["target"] for op in prog.source.ops if op.kind == "aten"]
-    assert kinds <= set(ops), ops
-    for op in prog.source.ops:
-        if op.kind not in BOUNDARY:  # everything between the boundary quantize / dequantize is integer
-            assert all(r.dtype.is_integer for r in op.results), f"{name}: float {op.kind}"
+    assert_integer_program(prog.source, kinds, name)
 
 
 def test_targets_bit_exact_with_reference(family):

@@ -497,22 +497,18 @@ def _reduce_sum(ops, attrs):
     return (TensorType(tuple(shape), x.dtype, x.quant),)
 
 
-@register("reduce_max", ("input",), axis=REQUIRED)
-def _reduce_max(ops, attrs):
-    """Max along ``axis`` keeping the dim."""
-    (x,) = ops
-    shape = list(x.shape)
-    shape[attrs["axis"]] = 1
-    return (_unchanged_quant("reduce_max", x, tuple(shape)),)
+def _reduce_extreme(kind, what):
+    def infer(ops, attrs):
+        (x,) = ops
+        shape = list(x.shape)
+        shape[attrs["axis"]] = 1
+        return (_unchanged_quant(kind, x, tuple(shape)),)
+    infer.__doc__ = f"{what} along ``axis`` keeping the dim."
+    return infer
 
 
-@register("reduce_min", ("input",), axis=REQUIRED)
-def _reduce_min(ops, attrs):
-    """Min along ``axis`` keeping the dim."""
-    (x,) = ops
-    shape = list(x.shape)
-    shape[attrs["axis"]] = 1
-    return (_unchanged_quant("reduce_min", x, tuple(shape)),)
+register("reduce_max", ("input",), axis=REQUIRED)(_reduce_extreme("reduce_max", "Max"))
+register("reduce_min", ("input",), axis=REQUIRED)(_reduce_extreme("reduce_min", "Min"))
 
 
 def _arg_reduce(kind):

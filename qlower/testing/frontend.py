@@ -148,3 +148,18 @@ def float_error(result, model: torch.nn.Module, batches: Sequence[Sequence[torch
             r = r.numpy()
             worst = max(worst, float(np.abs(o - r).max()) / max(float(np.abs(r).max()), 1e-12))
     return worst
+
+
+# ops allowed to hold floats (or just move codes) at the edge of an integer program
+FLOAT_BOUNDARY = frozenset({"quantize", "dequantize", "constant", "delegate", "transpose", "reshape"})
+
+
+def assert_integer_program(graph: Graph, kinds: set[str], name: str = "") -> None:
+    """No float fallback, the expected op kinds present, and every op between the boundary
+    quantize / dequantize producing integers."""
+    ops = graph.count_ops()
+    assert "aten" not in ops, [op.attrs["target"] for op in graph.ops if op.kind == "aten"]
+    assert kinds <= set(ops), ops
+    for op in graph.ops:
+        if op.kind not in FLOAT_BOUNDARY:
+            assert all(r.dtype.is_integer for r in op.results), f"{name}: float {op.kind}"
