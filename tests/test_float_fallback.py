@@ -270,3 +270,26 @@ def test_host_only_programs_name_every_float_op(target):
     float_ops = [op for op in prog.graph.ops if op.kind not in boundary and any(r.dtype.is_float for r in op.results)]
     assert float_ops and set(float_ops) <= named
     assert "float softmax" in prog.explain()
+
+
+class IdsMask(nn.Module):
+    """Comparisons and casts of integer graph inputs: PyTorch's integer semantics, in float on the host."""
+
+    def forward(self, x, ids):
+        mask = (ids > 2).to(torch.float32)
+        return x * mask + ids.float()
+
+
+@pytest.mark.parametrize("quant", [None, QuantConfig()], ids=["float", "int8"])
+def test_comparisons_and_casts_of_integer_inputs(quant):
+    x = _inputs(1, 5)
+    ids = torch.tensor([[1, 2, 3, 40000, -7]])
+    prog = qlower.compile(IdsMask(), (x, ids), target="cpu", quant=quant, progress=False)
+    assert {"aten.gt.Scalar", "aten._to_copy.default"} <= set(_fallbacks(prog.source))
+    want = IdsMask()(x, ids).numpy()
+    got = prog.run(x, ids)[0]
+    np.testing.assert_array_equal(run_graph(prog.source, [x.numpy(), ids.numpy()])[0], got)
+    if quant is None:
+        np.testing.assert_array_equal(got, want)
+    else:  # the output is quantized; the ids enter exactly
+        assert np.abs(got - want).max() <= (want.max() - want.min()) / 255 * 1.01

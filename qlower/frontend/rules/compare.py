@@ -132,6 +132,8 @@ def _code_const(k: int, spec: QuantSpec) -> Ref:
 def _compare_scalar(ctx: ImportContext, op, x: Ref, c: float) -> Ref:
     """``dq(x) op c`` decided per code by PyTorch, emitted as one comparison with a constant code."""
     spec = x.spec
+    if spec.qmax - spec.qmin >= 2**16:  # plain int32 (token ids): no per-code table; PyTorch compares them
+        raise ctx.unsupported("a comparison of 32-bit integers with a number")
     codes = torch.arange(spec.qmin, spec.qmax + 1, dtype=torch.int32)
     dq = QD.dequantize_per_tensor.default(codes, spec.scale[0], spec.zero_point[0], spec.qmin, spec.qmax,
                                           torch.int32)

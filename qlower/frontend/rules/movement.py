@@ -17,6 +17,7 @@ import torch
 from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.rules import register
+from qlower.ir import DType
 from qlower.frontend.rules.elementwise import _float_ref
 from qlower.frontend.rules.quantization import quantize_to
 
@@ -260,6 +261,10 @@ def to(ctx: ImportContext, node, input: Ref, dtype=None, **_):
     out = node.meta.get("val")
     if (out is not None and out.dtype != torch.float32) or dtype not in (None, torch.float32):
         raise ctx.unsupported("only float32 tensors are supported (a cast to another dtype was found)")
+    plain = input.spec is not None and input.spec.is_plain_integer and input.scale is None
+    if plain or (input.is_const and input.data.dtype.kind in "biu" and input.quant is None) \
+            or (not input.is_const and input.value.dtype is DType.BOOL):
+        raise ctx.unsupported("a cast of integers or bools to float")  # the float fallback converts them
     return input
 
 
