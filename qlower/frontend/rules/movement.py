@@ -17,9 +17,9 @@ import torch
 from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.rules import register
-from qlower.ir import DType
 from qlower.frontend.rules.elementwise import _float_ref
 from qlower.frontend.rules.quantization import quantize_to
+from qlower.ir import DType
 
 aten = torch.ops.aten
 
