@@ -23,9 +23,13 @@ import torch.nn.functional as F
 from torch import nn
 
 import qlower
-from qlower.api import lower_graph
 from qlower.reference import run_graph
-from qlower.testing.frontend import FLOAT_BOUNDARY, assert_integer_program, compare_with_fake_quant
+from qlower.testing.frontend import (
+    FLOAT_BOUNDARY,
+    assert_integer_program,
+    assert_targets_bit_exact,
+    compare_with_fake_quant,
+)
 
 SEED = 0
 TARGETS = ("cpu", "tosa-1.0+int")
@@ -159,18 +163,7 @@ def test_integer_ops_and_no_float_fallback(family):
 
 
 def _check_targets(name, prog, x, host_allowed=frozenset()):
-    want = run_graph(prog.source, [t.numpy() for t in x])
-    for target in TARGETS:
-        lowered = lower_graph(prog.source, target)
-        got = lowered.run(*x)
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert g.dtype == w.dtype and g.shape == w.shape
-            np.testing.assert_array_equal(g, w, err_msg=f"{name} on {target}")
-        if target.startswith("tosa"):
-            host = [d.op.kind for d in lowered.decisions]
-            assert not set(host) - BOUNDARY - host_allowed, f"{name}: left on the host on {target}: {host}"
-            assert lowered.partitions
+    assert_targets_bit_exact(name, prog.source, x, TARGETS, host_allowed)
 
 
 def test_targets_bit_exact_with_reference(family):

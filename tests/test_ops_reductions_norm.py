@@ -17,7 +17,12 @@ import qlower
 from qlower.api import lower_graph
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
 from qlower.reference import run_graph
-from qlower.testing.frontend import FLOAT_BOUNDARY, assert_integer_program, compare_with_fake_quant
+from qlower.testing.frontend import (
+    FLOAT_BOUNDARY,
+    assert_integer_program,
+    assert_targets_bit_exact,
+    compare_with_fake_quant,
+)
 
 SEED = 0
 TARGETS = ("cpu", "tosa-1.0+int")
@@ -164,18 +169,7 @@ def test_integer_ops_and_no_float_fallback(family):
 
 def test_targets_bit_exact_with_reference(family):
     name, _, x, prog, kinds = family
-    want = run_graph(prog.source, [x.numpy()])
-    for target in TARGETS:
-        lowered = lower_graph(prog.source, target)
-        got = lowered.run(x)
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert g.dtype == w.dtype and g.shape == w.shape
-            np.testing.assert_array_equal(g, w, err_msg=f"{name} on {target}")
-        if target.startswith("tosa"):
-            host = [d.op.kind for d in lowered.decisions]
-            assert not set(host) - BOUNDARY, f"{name}: left on the host on {target}: {host}"
-            assert lowered.partitions
+    assert_targets_bit_exact(name, prog.source, (x,), TARGETS)
 
 
 def test_reference_within_one_step_of_fake_quant(family):

@@ -304,12 +304,18 @@ def _intdiv(ops, attrs):
     return (TensorType(shape, DType.INT32, QuantSpec.per_tensor(qa.scale[0] / qb.scale[0], 0, DType.INT32)),)
 
 
+def _one_domain_binary(kind: str, ops) -> tuple[TensorType, tuple[int, ...]]:
+    """Both operands in one per-tensor domain (their codes compare like their values)."""
+    a, b, shape = _binary(kind, ops)
+    _same_domain(kind, (a, b))
+    if a.quant is not None and a.quant.is_per_channel:
+        raise _fail(kind, "operands must be quantized per tensor")
+    return a, shape
+
+
 def _same_domain_binary(kind):
     def infer(ops, attrs):
-        a, b, shape = _binary(kind, ops)
-        _same_domain(kind, (a, b))
-        if a.quant is not None and a.quant.is_per_channel:
-            raise _fail(kind, "operands must be quantized per tensor")
+        a, shape = _one_domain_binary(kind, ops)
         return (TensorType(shape, a.dtype, a.quant),)
     infer.__doc__ = (f"Elementwise {kind} with broadcasting, both operands in one domain (codes of one "
                      "QuantSpec compare like their values); the result keeps it.")
@@ -335,10 +341,7 @@ def _select(ops, attrs):
 
 def _compare(kind):
     def infer(ops, attrs):
-        a, b, shape = _binary(kind, ops)
-        _same_domain(kind, (a, b))
-        if a.quant is not None and a.quant.is_per_channel:
-            raise _fail(kind, "operands must be quantized per tensor")
+        _, shape = _one_domain_binary(kind, ops)
         return (TensorType(shape, DType.BOOL),)
     infer.__doc__ = f"Elementwise {kind} (bool result), both operands in one domain (codes compare like values)."
     return infer

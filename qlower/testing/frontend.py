@@ -163,3 +163,23 @@ def assert_integer_program(graph: Graph, kinds: set[str], name: str = "") -> Non
     for op in graph.ops:
         if op.kind not in FLOAT_BOUNDARY:
             assert all(r.dtype.is_integer for r in op.results), f"{name}: float {op.kind}"
+
+
+def assert_targets_bit_exact(name: str, graph: Graph, inputs: Sequence[torch.Tensor], targets: Sequence[str],
+                             host_allowed: frozenset[str] = frozenset()) -> None:
+    """``graph`` lowered for each target runs bit-exact with the reference interpreter; on TOSA targets
+    nothing but the boundary ops (and ``host_allowed``) stays on the host."""
+    from qlower.api import lower_graph  # the testing helpers sit above the API
+
+    want = run_graph(graph, [t.numpy() for t in inputs])
+    for target in targets:
+        lowered = lower_graph(graph, target)
+        got = lowered.run(*inputs)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(g, w, err_msg=f"{name} on {target}")
+        if target.startswith("tosa"):
+            host = [d.op.kind for d in lowered.decisions]
+            assert not set(host) - FLOAT_BOUNDARY - host_allowed, f"{name}: left on the host on {target}: {host}"
+            assert lowered.partitions
