@@ -1,0 +1,540 @@
+"""IR graph -> TFLite flatbuffer that computes exactly what the reference interpreter computes.
+
+Each IR op becomes TFLite builtin operators (no custom ops):
+
+- ``conv2d`` / ``fully_connected`` / ``matmul`` whose int32 result feeds one
+  single-rounding ``rescale`` to int8 become one fused CONV_2D,
+  DEPTHWISE_CONV_2D, FULLY_CONNECTED or BATCH_MATMUL: TFLite derives the same
+  multiplier from the float32 scales and requantizes with the same single
+  rounding (checked per op at export: ``emit.same_multiplier``);
+- other ``rescale``s, integer ``mul`` with a shift, ``table`` (a GATHER from the
+  table) and ``quantize`` are written as exact plain-integer arithmetic
+  (``emit.py``);
+- ops that only move or compare codes map one to one, on raw codes.
+
+An op with no exact form raises UnsupportedOpError naming the op, its source
+line and why. Tensors are named after the IR values they hold, so a traced run
+can read any of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from tflite.ActivationFunctionType import ActivationFunctionType as Act
+from tflite.BuiltinOperator import BuiltinOperator as B
+from tflite.Padding import Padding
+from tflite.TensorType import TensorType as TflType
+
+from qlower import requant
+from qlower.backends.litert import emit
+from qlower.backends.litert.emit import Builder, NotExact, channel_shape, options, tflite_quant
+from qlower.errors import UnsupportedOpError
+from qlower.ir import DType, Graph, Op, TensorType, Value
+
+GEMMS = ("conv2d", "fully_connected", "matmul")
+_TYPES = {DType.FLOAT32: "float32", DType.INT8: "int8", DType.INT16: "int16", DType.INT32: "int32",
+          DType.BOOL: "bool", DType.UINT8: "uint8"}
+
+
+def _tfl_dtype(t: TensorType) -> str:
+    try:
+        return _TYPES[t.dtype]
+    except KeyError:
+        raise NotExact(f"TFLite has no tensor type for {t.dtype.value}") from None
+
+
+class _Export:
+    def __init__(self, graph: Graph, description: str):
+        self.graph = graph
+        self.b = Builder()
+        self.b.writer.description = description
+        self.tensors: dict[Value, int] = {}
+        self.users = graph.users()
+        self.producers = graph.producers()
+        self.outputs = set(graph.outputs)
+
+    # -- tensors of IR values -----------------------------------------------------------------
+    def value(self, v: Value) -> int:
+        if v not in self.tensors:
+            op = self.producers.get(v)
+            if op is None or op.kind != "constant":
+                raise NotExact(f"%{v.name} is used before it is computed")
+            self.tensors[v] = self.b.const(v.name, op.attrs["data"], _tfl_dtype(v.type), tflite_quant(v.type))
+        return self.tensors[v]
+
+    def bind(self, v: Value, tensor: int) -> None:
+        self.tensors[v] = tensor
+
+    def result(self, op: Op, code: int, inputs, opts=None) -> int:
+        """Emit ``code`` writing ``op``'s result tensor directly."""
+        v = op.result
+        t = self.b.op(code, inputs, v.name, v.shape, _tfl_dtype(v.type), tflite_quant(v.type), opts)
+        self.bind(v, t)
+        return t
+
+    def plain(self, v: Value, dtype: str = "int32") -> int:
+        """``v``'s raw codes as a plain tensor of ``dtype`` (no quantization parameters)."""
+        return self.b.cast(self.value(v), dtype, f"{v.name}/{dtype}")
+
+    # -- fusion of a GEMM into the rescale that reads its accumulator ----------------------------
+    def fused_gemm(self, rescale: Op) -> Op | None:
+        src = self.producers.get(rescale.operands[0])
+        if src is None or src.kind not in GEMMS or src.result in self.outputs:
+            return None
+        if [u for u in self.users.get(src.result, [])] != [rescale]:
+            return None
+        return src if _fusion_problem(src, rescale) is None else None
+
+    def run(self) -> bytes:
+        inputs = []
+        for v in self.graph.inputs:
+            t = self.b.tensor(v.name, v.shape, _tfl_dtype(v.type), tflite_quant(v.type))
+            self.bind(v, t)
+            inputs.append(t)
+        for op in self.graph.ops:
+            if op.kind == "constant":
+                continue
+            if op.kind in GEMMS and all(self.fused_gemm(u) is op for u in self.users.get(op.result, [])) \
+                    and self.users.get(op.result) and op.result not in self.outputs:
+                continue   # emitted by the rescale that reads it
+            try:
+                _EMITTERS[op.kind](self, op)
+            except KeyError:
+                raise _unsupported(op, f"{op.kind} has no TFLite builtin form in qlower's exporter") from None
+            except NotExact as e:
+                raise _unsupported(op, str(e)) from None
+        outputs = []
+        for v in self.graph.outputs:
+            t = self.value(v)
+            if self.b.writer.tensors[t].buffer or t in inputs:
+                # TFLite outputs must be computed by an operator: copy constants and inputs through a RESHAPE
+                t = self._reshape(t, v.shape, f"{v.name}/out", tflite_quant(v.type))
+            outputs.append(t)
+        return self.b.writer.finish(inputs, outputs)
+
+    def _reshape(self, t: int, shape, name: str, quant=None) -> int:
+        new_shape = self.b.const(f"{name}/shape", np.asarray(shape, dtype=np.int32), "int32")
+        return self.b.op(B.RESHAPE, [t, new_shape], name, shape, self.b.dtype(t), quant)
+
+
+def _unsupported(op: Op, reason: str) -> UnsupportedOpError:
+    where = f" at {op.origin.describe()}" if op.origin else ""
+    return UnsupportedOpError(f"{op.kind} producing %{op.result.name}{where} can't be exported to TFLite: {reason}")
+
+
+# -- fused GEMMs ----------------------------------------------------------------------------------
+
+def _fusion_problem(gemm: Op, rescale: Op) -> str | None:
+    """Why ``gemm`` + ``rescale`` is not one exact fused TFLite kernel, or None."""
+    out = rescale.attrs["out"]
+    if out.dtype is not DType.INT8:
+        return "only a rescale to int8 fuses"
+    x, w = gemm.operands[0].type, gemm.operands[1].type
+    if x.dtype is not DType.INT8 or w.dtype is not DType.INT8 or x.quant is None or x.quant.is_per_channel:
+        return "fused TFLite kernels take int8 per-tensor inputs"
+    if gemm.kind == "matmul":
+        if w.quant is None or w.quant.is_per_channel:
+            return "BATCH_MATMUL takes per-tensor operands"
+    elif any(z != 0 for z in w.quant.zero_point) or (w.quant.axis not in (None, 0)):
+        return "TFLite weights are symmetric and quantized along the output channel"
+    if gemm.kind == "conv2d" and gemm.attrs["groups"] != 1 and not _depthwise(gemm):
+        return "grouped convolution (not depthwise) has no TFLite builtin"
+    if gemm.kind == "matmul" and x.rank > 4:
+        return "BATCH_MATMUL takes rank <= 4"
+    scales = [*x.quant.scale, *w.quant.scale, *out.scale]
+    if not emit.float32_exact(scales):
+        return "a scale is not a float32, as TFLite stores scales"
+    acc = gemm.result.type.quant
+    ir = requant.requantize_ratio(np.asarray(acc.scale), out.scale[0])
+    real = np.float64(x.quant.scale[0]) * np.asarray(w.quant.scale, np.float64) / np.float64(out.scale[0])
+    if not emit.same_multiplier(real, ir.multiplier, ir.shift):
+        return "TFLite's requantization multiplier for these scales differs from the IR's"
+    return None
+
+
+def _depthwise(conv: Op) -> bool:
+    c = conv.operands[0].type.shape[3]
+    return conv.attrs["groups"] == c and conv.operands[1].type.shape[3] == 1 and c > 1
+
+
+def _activation(out_spec, out: TensorType) -> tuple[int, bool]:
+    """A fused activation whose clamp TFLite computes as exactly [qmin, qmax] of ``out_spec``
+    (NONE when it is the dtype range), and whether it covers the range (else clamp after)."""
+    lo, hi = out.dtype.min, out.dtype.max
+    if (out_spec.qmin, out_spec.qmax) == (lo, hi):
+        return Act.NONE, True
+    zp, scale = out_spec.zero_point[0], np.float32(out_spec.scale[0])
+    relu = (max(lo, zp), hi)
+    relu6 = (max(lo, zp), min(hi, zp + int(np.round(np.float32(6.0) / scale))))
+    if (out_spec.qmin, out_spec.qmax) == relu:
+        return Act.RELU, True
+    if (out_spec.qmin, out_spec.qmax) == relu6:
+        return Act.RELU6, True
+    return Act.NONE, False
+
+
+def _emit_fused(ex: _Export, gemm: Op, rescale: Op) -> None:
+    b = ex.b
+    out_spec = rescale.attrs["out"]
+    act, covered = _activation(out_spec, rescale.result.type)
+    x = ex.value(gemm.operands[0])
+    xq = gemm.operands[0].type.quant
+    wv = gemm.operands[1]
+    wq = wv.type.quant
+    wdata = ex.producers[wv].attrs["data"] if ex.producers.get(wv) and ex.producers[wv].kind == "constant" else None
+    bias_v = gemm.operands[2] if len(gemm.operands) > 2 else None
+    inputs = [x]
+    if gemm.kind == "matmul":
+        inputs.append(ex.value(wv))
+        code, opts = B.BATCH_MATMUL, options("BatchMatMulOptions", AdjX=False, AdjY=False)
+    else:
+        if wdata is None:
+            raise NotExact("TFLite's fused kernels need constant weights")
+        if gemm.kind == "conv2d":
+            (sh, sw), (dh, dw), pad = gemm.attrs["stride"], gemm.attrs["dilation"], gemm.attrs["pad"]
+            if any(pad):
+                x = _pad(ex, x, gemm.operands[0], pad, xq.zero_point[0], f"{gemm.result.name}/pad")
+                inputs[0] = x
+            if _depthwise(gemm):
+                c = gemm.operands[0].type.shape[3]
+                data = np.transpose(wdata, (3, 1, 2, 0))          # OHW1 -> 1HWO
+                w = b.const(wv.name, data, "int8", emit.Quant(tuple(map(float, np.float32(wq.scale))),
+                                                              tuple(wq.zero_point), 3))
+                code = B.DEPTHWISE_CONV_2D
+                opts = options("DepthwiseConv2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
+                               DepthMultiplier=wdata.shape[0] // c, FusedActivationFunction=act,
+                               DilationWFactor=dw, DilationHFactor=dh)
+            else:
+                w = b.const(wv.name, wdata, "int8", tflite_quant(wv.type))
+                code = B.CONV_2D
+                opts = options("Conv2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
+                               FusedActivationFunction=act, DilationWFactor=dw, DilationHFactor=dh)
+        else:
+            w = b.const(wv.name, wdata, "int8", tflite_quant(wv.type))
+            code = B.FULLY_CONNECTED
+            opts = options("FullyConnectedOptions", FusedActivationFunction=act,
+                           KeepNumDims=gemm.operands[0].type.rank > 2)
+        inputs.append(w)
+        if bias_v is not None:
+            bias_data = ex.producers[bias_v].attrs["data"]
+            bias_scale = tuple(float(np.float32(np.float64(xq.scale[0]) * s)) for s in wq.scale)
+            inputs.append(b.const(bias_v.name, bias_data, "int32",
+                                  emit.Quant(bias_scale, (0,) * len(bias_scale), 0)))
+        else:
+            inputs.append(-1)
+    name = rescale.result.name if covered else f"{rescale.result.name}/acc"
+    out = b.op(code, inputs, name, rescale.result.shape, "int8", tflite_quant(rescale.result.type), opts)
+    if not covered:
+        out = b.clamp(out, np.int8(out_spec.qmin), np.int8(out_spec.qmax), rescale.result.name,
+                      tflite_quant(rescale.result.type))
+    ex.bind(rescale.result, out)
+
+
+def _pad(ex: _Export, t: int, v: Value, pad, value: int, name: str) -> int:
+    """PADV2 of an NHWC tensor by (top, bottom, left, right) with ``value`` codes."""
+    pt, pb, pl, pr = pad
+    pads = np.array([[0, 0], [pt, pb], [pl, pr], [0, 0]], dtype=np.int32)
+    return _padv2(ex, t, v.type, pads, value, name)
+
+
+def _padv2(ex: _Export, t: int, vt: TensorType, pads: np.ndarray, value, name: str) -> int:
+    b = ex.b
+    shape = tuple(int(d + p0 + p1) for d, (p0, p1) in zip(b.shape(t), pads))
+    quant = b.writer.tensors[t].quant
+    fill = b.const(f"{name}/value", np.asarray(value, dtype=b.dtype(t)), b.dtype(t), quant)
+    return b.op(B.PADV2, [t, b.const(f"{name}/pads", pads, "int32"), fill], name, shape, b.dtype(t), quant)
+
+
+# -- per-op emitters -------------------------------------------------------------------------------
+
+def _rescale(ex: _Export, op: Op) -> None:
+    gemm = ex.fused_gemm(op)
+    if gemm is not None:
+        return _emit_fused(ex, gemm, op)
+    if op.attrs["rounding"] != "single":
+        raise NotExact("double-rounding rescale has no exact TFLite form in qlower's exporter")
+    src, out = op.operands[0].type.quant, op.attrs["out"]
+    mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])
+    rank = op.result.type.rank
+    t = emit.rescale(ex.b, ex.value(op.operands[0]), channel_shape(src.zero_point, rank, src.axis),
+                     channel_shape(mult.multiplier, rank, src.axis), channel_shape(mult.shift, rank, src.axis),
+                     out.zero_point[0], out.qmin, out.qmax, _tfl_dtype(op.result.type), op.result.name,
+                     tflite_quant(op.result.type))
+    ex.bind(op.result, t)
+
+
+def _gemm_alone(ex: _Export, op: Op) -> None:
+    raise NotExact(f"its int32 accumulator is used other than by one rescale to int8 "
+                   f"({_fusion_reason(ex, op)}); TFLite has no int32-output {op.kind}")
+
+
+def _fusion_reason(ex: _Export, op: Op) -> str:
+    users = ex.users.get(op.result, [])
+    if len(users) != 1 or users[0].kind != "rescale" or op.result in ex.outputs:
+        return "users: " + ", ".join(u.kind for u in users) if users else "it is a graph output"
+    return _fusion_problem(op, users[0]) or "?"
+
+
+def _quantize(ex: _Export, op: Op) -> None:
+    """float -> codes as the reference: round_half_even(x * float32(1/scale)) + zp, clamped, in float32."""
+    q = op.attrs["out"]
+    if op.result.type.dtype not in (DType.INT8, DType.INT16):
+        raise NotExact("quantize to int32 has no exact float32 form")
+    b, rank = ex.b, op.result.type.rank
+    inv = (1.0 / np.asarray(q.scale, dtype=np.float64)).astype(np.float32)
+    x = ex.value(op.operands[0])
+    name = op.result.name
+    y = b.binary_const(B.MUL, x, channel_shape(inv, rank, q.axis), f"{name}/mul")
+    zp = channel_shape(np.asarray(q.zero_point, np.float64), rank, q.axis)
+    y = emit.round_half_even(b, y, q.qmin - zp, q.qmax - zp, zp, name)
+    y = b.clamp(y, np.float32(q.qmin), np.float32(q.qmax), f"{name}/range")
+    ex.bind(op.result, b.cast(y, _tfl_dtype(op.result.type), name, tflite_quant(op.result.type)))
+
+
+def _dequantize(ex: _Export, op: Op) -> None:
+    if op.operands[1] is not None:
+        raise NotExact("dynamic dequantization (a run-time scale) has no TFLite form")
+    # (x - zp) as float32, times the float32 scale, as the reference computes it: LiteRT's optimized
+    # DEQUANTIZE rounds differently (1 ulp), and XNNPACK can't take one whose input is a constant
+    t = op.operands[0].type
+    b, q, name = ex.b, t.quant, op.result.name
+    x = ex.plain(op.operands[0])
+    if any(q.zero_point):
+        x = b.binary_const(B.SUB, x, channel_shape(np.asarray(q.zero_point, np.int32), t.rank, q.axis), f"{name}/c")
+    x = b.cast(x, "float32", f"{name}/f")
+    ex.bind(op.result, b.binary_const(B.MUL, x, channel_shape(np.asarray(q.scale, np.float32), t.rank, q.axis),
+                                      name))
+
+
+def _same_domain_binary(code: int) -> Callable[[_Export, Op], None]:
+    def run(ex: _Export, op: Op) -> None:
+        a, bv = op.operands
+        if op.result.type.dtype is DType.FLOAT32 or op.result.type.dtype is DType.INT32:
+            ex.result(op, code, [ex.value(a), ex.value(bv)], _binary_options(code))
+        else:   # narrow codes: compute on int32 (no TFLite requantization), then narrow exactly
+            y = ex.b.binary(code, ex.plain(a), ex.plain(bv), f"{op.result.name}/i32")
+            ex.bind(op.result, ex.b.cast(y, _tfl_dtype(op.result.type), op.result.name, tflite_quant(op.result.type)))
+    return run
+
+
+def _binary_options(code: int):
+    return {B.ADD: options("AddOptions"), B.SUB: options("SubOptions"), B.MUL: options("MulOptions")}.get(code)
+
+
+def _mul(ex: _Export, op: Op) -> None:
+    shift = op.attrs["shift"]
+    if op.result.type.quant is None or shift == 0:
+        return _same_domain_binary(B.MUL)(ex, op)
+    b, name = ex.b, op.result.name
+    p = b.binary(B.MUL, ex.plain(op.operands[0], "int64"), ex.plain(op.operands[1], "int64"), f"{name}/p")
+    p = b.binary_const(B.ADD, p, np.int64(1 << (shift - 1)), f"{name}/round")
+    info = np.iinfo(np.int32)
+    ex.bind(op.result, emit.floor_shift(b, p, np.int64(shift), np.int64(info.min), np.int64(info.max), name))
+
+
+def _intdiv(ex: _Export, op: Op) -> None:
+    # TFLite's int32 DIV truncates toward zero like TOSA INTDIV; a zero divisor (an error in the
+    # reference) is replaced by 1 so that the kernel never divides by zero.
+    b, name = ex.b, op.result.name
+    d = ex.value(op.operands[1])
+    zero = b.binary(B.EQUAL, d, b.const(f"{name}/0", np.int32(0), "int32"), f"{name}/zero", dtype="bool")
+    d = b.binary(B.ADD, d, b.cast(zero, "int32", f"{name}/one"), f"{name}/divisor")
+    ex.result(op, B.DIV, [ex.value(op.operands[0]), d], options("DivOptions"))
+
+
+def _compare(code: int) -> Callable[[_Export, Op], None]:
+    def run(ex: _Export, op: Op) -> None:
+        a, bv = op.operands
+        if a.type.dtype is DType.FLOAT32:
+            ex.result(op, code, [ex.value(a), ex.value(bv)])
+        else:   # raw codes (same domain): compare as plain int32, never through TFLite's requantization
+            ex.result(op, code, [ex.plain(a), ex.plain(bv)])
+    return run
+
+
+def _logical(code: int) -> Callable[[_Export, Op], None]:
+    def run(ex: _Export, op: Op) -> None:
+        ex.result(op, code, [ex.value(v) for v in op.operands])
+    return run
+
+
+def _select(ex: _Export, op: Op) -> None:
+    ex.result(op, B.SELECT_V2, [ex.value(v) for v in op.operands])
+
+
+def _clamp(ex: _Export, op: Op) -> None:
+    t = op.result.type
+    dt = np.dtype(_tfl_dtype(t))
+    ex.bind(op.result, ex.b.clamp(ex.value(op.operands[0]), np.asarray(op.attrs["min"]).astype(dt),
+                                  np.asarray(op.attrs["max"]).astype(dt), op.result.name, tflite_quant(t)))
+    if ex.tensors[op.result] == ex.tensors[op.operands[0]]:   # nothing to clamp: still a tensor of its own
+        ex.bind(op.result, ex._reshape(ex.tensors[op.result], t.shape, op.result.name, tflite_quant(t)))
+
+
+def _concat(ex: _Export, op: Op) -> None:
+    (xs,) = op.operands
+    quants = {tflite_quant(v.type) for v in xs} | {tflite_quant(op.result.type)}
+    if len(quants) != 1:
+        raise NotExact("TFLite requantizes a concatenation whose inputs differ in quantization")
+    ex.result(op, B.CONCATENATION, [ex.value(v) for v in xs],
+              options("ConcatenationOptions", Axis=op.attrs["axis"]))
+
+
+def _reshape(ex: _Export, op: Op) -> None:
+    t = op.result.type
+    ex.bind(op.result, ex._reshape(ex.value(op.operands[0]), t.shape, op.result.name, tflite_quant(t)))
+
+
+def _transpose(ex: _Export, op: Op) -> None:
+    perm = ex.b.const(f"{op.result.name}/perm", np.asarray(op.attrs["perm"], np.int32), "int32")
+    ex.result(op, B.TRANSPOSE, [ex.value(op.operands[0]), perm])
+
+
+def _pad_op(ex: _Export, op: Op) -> None:
+    p = op.attrs["pads"]
+    pads = np.asarray(p, dtype=np.int32).reshape(-1, 2)
+    value = op.attrs["value"]
+    ex.bind(op.result, _padv2(ex, ex.value(op.operands[0]), op.operands[0].type, pads, value, op.result.name))
+
+
+def _slice(ex: _Export, op: Op) -> None:
+    a, name = op.attrs, op.result.name
+    rank = op.operands[0].type.rank
+    step = a["step"] or (1,) * rank
+    b = ex.b
+    ex.result(op, B.STRIDED_SLICE, [ex.value(op.operands[0]),
+                                    b.const(f"{name}/begin", np.asarray(a["start"], np.int32), "int32"),
+                                    b.const(f"{name}/end", np.asarray(a["stop"], np.int32), "int32"),
+                                    b.const(f"{name}/strides", np.asarray(step, np.int32), "int32")],
+              options("StridedSliceOptions"))
+
+
+def _gather(ex: _Export, op: Op) -> None:
+    ex.result(op, B.GATHER, [ex.value(op.operands[0]), ex.value(op.operands[1])],
+              options("GatherOptions", Axis=op.attrs["axis"]))
+
+
+def _table(ex: _Export, op: Op) -> None:
+    """``table[clip(x + offset)]`` as a GATHER from the constant table."""
+    b, name = ex.b, op.result.name
+    table = op.attrs["table"]
+    idx = ex.plain(op.operands[0])
+    if op.attrs["offset"]:
+        idx = b.binary_const(B.ADD, idx, np.int32(op.attrs["offset"]), f"{name}/index")
+    idx = b.clamp(idx, np.int32(0), np.int32(table.size - 1), f"{name}/inside")
+    dtype = _tfl_dtype(op.result.type)
+    tab = b.const(f"{name}/table", np.asarray(table).astype(dtype), dtype, tflite_quant(op.result.type))
+    ex.result(op, B.GATHER, [tab, idx], options("GatherOptions", Axis=0))
+
+
+def _max_pool(ex: _Export, op: Op) -> None:
+    (kh, kw), (sh, sw), pad = op.attrs["kernel"], op.attrs["stride"], op.attrs["pad"]
+    x = ex.value(op.operands[0])
+    t = op.operands[0].type
+    if any(pad):
+        low = t.dtype.min if t.dtype.is_integer else np.finfo(np.float32).min
+        x = _pad(ex, x, op.operands[0], pad, low, f"{op.result.name}/pad")
+    ex.result(op, B.MAX_POOL_2D, [x], options("Pool2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
+                                              FilterWidth=kw, FilterHeight=kh))
+
+
+def _reduce(code: int, plain: bool) -> Callable[[_Export, Op], None]:
+    def run(ex: _Export, op: Op) -> None:
+        name = op.result.name
+        x = ex.plain(op.operands[0]) if plain and op.result.type.dtype is DType.INT32 else ex.value(op.operands[0])
+        axis = ex.b.const(f"{name}/axis", np.asarray([op.attrs["axis"]], np.int32), "int32")
+        ex.result(op, code, [x, axis], options("ReducerOptions", KeepDims=True))
+    return run
+
+
+def _arg(code: int, opts_name: str) -> Callable[[_Export, Op], None]:
+    def run(ex: _Export, op: Op) -> None:
+        b, name, axis = ex.b, op.result.name, op.attrs["axis"]
+        shape = tuple(d for i, d in enumerate(op.operands[0].type.shape) if i != axis)
+        a = b.const(f"{name}/axis", np.asarray([axis], np.int32), "int32")
+        idx = b.op(code, [ex.plain(op.operands[0]), a], f"{name}/flat", shape, "int32",
+                   opts=options(opts_name, OutputType=TflType.INT32))
+        ex.bind(op.result, ex._reshape(idx, op.result.shape, name))
+    return run
+
+
+def _cast(ex: _Export, op: Op) -> None:
+    out, src = op.result.type, op.operands[0].type
+    b, name = ex.b, op.result.name
+    x = ex.value(op.operands[0])
+    if out.dtype.is_float or out.dtype is DType.BOOL or src.dtype is DType.BOOL:
+        ex.bind(op.result, b.cast(x, _tfl_dtype(out), name))
+        return
+    if src.dtype.is_float:
+        if out.dtype is DType.INT32:
+            raise NotExact("a float -> int32 cast saturates at bounds float32 can't hold")
+        x = emit.round_half_even(b, x, np.float64(out.dtype.min), np.float64(out.dtype.max), np.float64(0), name)
+        x = b.clamp(x, np.float32(out.dtype.min), np.float32(out.dtype.max), f"{name}/range")
+        ex.bind(op.result, b.cast(x, _tfl_dtype(out), name, tflite_quant(out)))
+        return
+    x = b.clamp(ex.plain(op.operands[0]), np.int32(out.dtype.min), np.int32(out.dtype.max), f"{name}/range")
+    ex.bind(op.result, b.cast(x, _tfl_dtype(out), name, tflite_quant(out)))
+
+
+_EMITTERS: dict[str, Callable[[_Export, Op], None]] = {
+    "rescale": _rescale, "conv2d": _gemm_alone, "fully_connected": _gemm_alone, "matmul": _gemm_alone,
+    "quantize": _quantize, "dequantize": _dequantize,
+    "add": _same_domain_binary(B.ADD), "sub": _same_domain_binary(B.SUB), "mul": _mul, "intdiv": _intdiv,
+    "minimum": _same_domain_binary(B.MINIMUM), "maximum": _same_domain_binary(B.MAXIMUM),
+    "equal": _compare(B.EQUAL), "greater": _compare(B.GREATER), "greater_equal": _compare(B.GREATER_EQUAL),
+    "logical_and": _logical(B.LOGICAL_AND), "logical_or": _logical(B.LOGICAL_OR),
+    "logical_xor": _logical(B.NOT_EQUAL), "logical_not": _logical(B.LOGICAL_NOT), "select": _select,
+    "clamp": _clamp, "concat": _concat, "reshape": _reshape, "transpose": _transpose, "pad": _pad_op,
+    "slice": _slice, "gather": _gather, "table": _table, "max_pool2d": _max_pool,
+    "reduce_sum": _reduce(B.SUM, plain=True), "reduce_max": _reduce(B.REDUCE_MAX, plain=False),
+    "reduce_min": _reduce(B.REDUCE_MIN, plain=False),
+    "argmax": _arg(B.ARG_MAX, "ArgMaxOptions"), "argmin": _arg(B.ARG_MIN, "ArgMinOptions"), "cast": _cast,
+}
+
+
+def unsupported_reason(op: Op, graph: Graph | None = None) -> str | None:
+    """Why ``op`` has no exact TFLite form in this exporter, or None when it exports.
+
+    Decided from the op alone, except for GEMMs, whose form depends on their users: with
+    ``graph`` given, a GEMM counts as supported when it fuses with the rescale reading it."""
+    if op.kind == "constant":
+        return None
+    if op.kind not in _EMITTERS:
+        return f"{op.kind} has no TFLite builtin form in qlower's exporter"
+    if op.kind in GEMMS:
+        if graph is None:
+            return None if op.result.type.quant is not None else f"float {op.kind} is not exported"
+        ex = _Export(graph, "")
+        return None if any(ex.fused_gemm(u) is op for u in ex.users.get(op.result, [])) \
+            else f"its int32 accumulator doesn't fuse ({_fusion_reason(ex, op)})"
+    try:
+        one = Graph(inputs=tuple(dict.fromkeys(op.input_values())), ops=(op,), outputs=op.results,
+                    name="probe")
+        _Export(one, "").run()
+    except (UnsupportedOpError, NotExact) as e:
+        return str(e).split(": ", 1)[-1]
+    except Exception as e:  # noqa: BLE001  (a probe: any failure means "not exportable")
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def fused_pairs(graph: Graph) -> dict[int, tuple[Op, Op]]:
+    """id(rescale) -> (rescale, GEMM) for every GEMM the export fuses into the rescale reading it."""
+    ex = _Export(graph, "")
+    pairs = {}
+    for op in graph.ops:
+        if op.kind == "rescale":
+            gemm = ex.fused_gemm(op)
+            if gemm is not None:
+                pairs[id(op)] = (op, gemm)
+    return pairs
+
+
+def export_tflite(graph: Graph, description: str = "qlower") -> bytes:
+    """The TFLite model (schema 3) computing exactly what ``graph`` means; UnsupportedOpError otherwise."""
+    try:
+        return _Export(graph, description).run()
+    except NotExact as e:
+        raise UnsupportedOpError(f"graph '{graph.name}' can't be exported to TFLite: {e}") from None
