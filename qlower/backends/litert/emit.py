@@ -143,8 +143,7 @@ def floor_shift(b: Builder, p: int, shift: np.ndarray, lo: np.ndarray, hi: np.nd
         remainder = b.binary_const(Op.FLOOR_MOD, p, scale, f"{name}/mod")
         p = b.binary(Op.SUB, p, remainder, f"{name}/floor")
     # clamp while still scaled: bounds beyond int64 can't be reached, so they are capped there
-    lo_s = np.clip(lo.astype(object) * (2 ** shift.astype(object)), INT64_MIN, INT64_MAX).astype(np.int64)
-    hi_s = np.clip(hi.astype(object) * (2 ** shift.astype(object)), INT64_MIN, INT64_MAX).astype(np.int64)
+    lo_s, hi_s = _scaled_bound(lo, shift), _scaled_bound(hi, shift)
     p = b.clamp(p, lo_s, hi_s, f"{name}/clamp")
     reach = np.maximum(np.abs(lo), np.abs(hi))                    # largest |k| after the clamp
     reach = np.minimum(reach, np.right_shift(np.int64(INT64_MAX), shift) + 1)
@@ -158,6 +157,13 @@ def floor_shift(b: Builder, p: int, shift: np.ndarray, lo: np.ndarray, hi: np.nd
     k_high = _exact_quotient(b, high, shift + 16, f"{name}/hi")
     k_high = b.binary_const(Op.MUL, k_high, np.int32(1 << 16), f"{name}/hi16")
     return b.binary(Op.ADD, k_high, k_low, f"{name}/join")
+
+
+def _scaled_bound(bound: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """``bound * 2**shift`` (broadcast), capped to int64: a bound beyond int64 can't be reached."""
+    bound, shift = np.broadcast_arrays(bound, shift)
+    scaled = [min(max(int(v) << int(s), INT64_MIN), INT64_MAX) for v, s in zip(bound.flat, shift.flat)]
+    return np.asarray(scaled, dtype=np.int64).reshape(bound.shape)
 
 
 def _exact_quotient(b: Builder, p: int, shift: np.ndarray, name: str) -> int:

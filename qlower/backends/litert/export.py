@@ -217,13 +217,12 @@ def _emit_fused(ex: _Export, gemm: Op, rescale: Op) -> None:
             opts = options("FullyConnectedOptions", FusedActivationFunction=act,
                            KeepNumDims=gemm.operands[0].type.rank > 2)
         inputs.append(w)
-        if bias_v is not None:
-            bias_data = ex.producers[bias_v].attrs["data"]
-            bias_scale = tuple(float(np.float32(np.float64(xq.scale[0]) * s)) for s in wq.scale)
-            inputs.append(b.const(bias_v.name, bias_data, "int32",
-                                  emit.Quant(bias_scale, (0,) * len(bias_scale), 0)))
-        else:
-            inputs.append(-1)
+        # LiteRT's int8 convolutions require a bias: a missing one is zeros, which add nothing
+        n_out = gemm.result.shape[-1]
+        bias_data = ex.producers[bias_v].attrs["data"] if bias_v is not None else np.zeros(n_out, np.int32)
+        bias_scale = tuple(float(np.float32(np.float64(xq.scale[0]) * s)) for s in np.broadcast_to(wq.scale, n_out))
+        inputs.append(b.const(bias_v.name if bias_v is not None else f"{gemm.result.name}/bias", bias_data, "int32",
+                              emit.Quant(bias_scale, (0,) * n_out, 0)))
     name = rescale.result.name if covered else f"{rescale.result.name}/acc"
     out = b.op(code, inputs, name, rescale.result.shape, "int8", tflite_quant(rescale.result.type), opts)
     if not covered:
