@@ -95,11 +95,40 @@ def apply_scale_32(value: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,
     return np.right_shift(value * multiplier + rnd, shift)
 
 
+def apply_scale_high_mul(value: np.ndarray, multiplier: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """Requantization of TFLite's optimized (ruy) kernels, rounding ``double_half_up``.
+
+    ``value * 2**max(31 - shift, 0)`` times the multiplier is first rounded to its high 32 bits
+    half away from zero (gemmlowp's SaturatingRoundingDoublingHighMul), then shifted right by
+    ``shift - 31`` rounding half up. Raises unless the multiplier is in [0, 2**31), the shift in
+    [2, 62] and the left-shifted value an int32 (the kernels' int32 arithmetic would overflow).
+    """
+    value = np.asarray(value, dtype=np.int64)
+    multiplier = np.asarray(multiplier, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    if np.any(multiplier < 0) or np.any(multiplier >= 2**31):
+        raise RequantRangeError(f"rescale multiplier must be in [0, 2**31), got {multiplier}")
+    if np.any(shift < MIN_SHIFT) or np.any(shift > MAX_SHIFT):
+        raise RequantRangeError(f"rescale shift must be in [{MIN_SHIFT}, {MAX_SHIFT}], got {shift}")
+    left = np.maximum(31 - shift, 0)
+    shifted = np.left_shift(value, left)
+    if np.any(shifted < -(2**31)) or np.any(shifted >= 2**31):
+        raise RequantRangeError("rescale input shifted left by the multiplier's exponent leaves int32")
+    p = shifted * multiplier
+    p = p + np.where(p >= 0, np.int64(1 << 30), np.int64(1 - (1 << 30)))
+    high = np.where(p >= 0, p >> 31, -((-p) >> 31))            # divide by 2**31 toward zero
+    right = np.maximum(shift - 31, 0)
+    half = np.where(right > 0, np.left_shift(np.int64(1), np.maximum(right - 1, 0)), 0)
+    return np.right_shift(high + half, right)
+
+
 def rescale(codes: np.ndarray, in_zp: np.ndarray | int, out_zp: int, mult: Multiplier,
-            qmin: int, qmax: int, axis: int | None = None, double_round: bool = False) -> np.ndarray:
+            qmin: int, qmax: int, axis: int | None = None, double_round: bool = False,
+            rounding: str | None = None) -> np.ndarray:
     """TOSA RESCALE followed by a clamp to [qmin, qmax]: returns int64 codes.
 
-    ``in_zp`` and the multiplier may be per channel along ``axis``.
+    ``in_zp`` and the multiplier may be per channel along ``axis``. ``rounding`` ("single",
+    "double" or "double_half_up", the IR's rescale roundings) overrides ``double_round``.
     """
     codes = np.asarray(codes, dtype=np.int64)
     m, s = mult.multiplier, mult.shift
@@ -111,7 +140,10 @@ def rescale(codes: np.ndarray, in_zp: np.ndarray | int, out_zp: int, mult: Multi
         zp = zp.reshape(shape) if zp.size > 1 else zp.reshape(())
     else:
         m, s, zp = m.reshape(()), s.reshape(()), zp.reshape(())
-    out = apply_scale_32(codes - zp, m, s, double_round) + np.int64(out_zp)
+    if rounding == "double_half_up":
+        out = apply_scale_high_mul(codes - zp, m, s) + np.int64(out_zp)
+    else:
+        out = apply_scale_32(codes - zp, m, s, double_round or rounding == "double") + np.int64(out_zp)
     return np.clip(out, qmin, qmax)
 
 

@@ -222,14 +222,18 @@ def _matmul(ops, attrs):
     return (TensorType(shape, DType.INT32, QuantSpec.accumulator(aq, bq, None)),)
 
 
+# TOSA's SINGLE_ROUND and DOUBLE_ROUND, and the rounding of TFLite's optimized kernels (requant.py)
+ROUNDINGS = ("single", "double", "double_half_up")
+
+
 @register("rescale", ("input",), out=REQUIRED, rounding="single")
 def _rescale(ops, attrs):
     """Requantize codes to ``out`` (requant module semantics), clamped to out's [qmin, qmax]."""
     (x,) = ops
     q = _require_quantized("rescale", x)
     out: QuantSpec = attrs["out"]
-    if attrs["rounding"] not in ("single", "double"):
-        raise _fail("rescale", f"rounding must be 'single' or 'double', got {attrs['rounding']!r}")
+    if attrs["rounding"] not in ROUNDINGS:
+        raise _fail("rescale", f"rounding must be one of {', '.join(ROUNDINGS)}, got {attrs['rounding']!r}")
     if out.is_per_channel:
         raise _fail("rescale", "output must be quantized per tensor")
     if q.dynamic and not out.dynamic:

@@ -16,7 +16,7 @@ def _rescale(op: Op, x):
     src, out = op.operands[0].type.quant, op.attrs["out"]
     mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])
     return requant.rescale(x, np.asarray(src.zero_point), out.zero_point[0], mult, out.qmin, out.qmax,
-                           axis=src.axis, double_round=op.attrs["rounding"] == "double")
+                           axis=src.axis, rounding=op.attrs["rounding"])
 
 
 @kernel("clamp")

@@ -24,7 +24,7 @@ from qlower.backends.cpu import native as native_mod
 from qlower.backends.cpu.context import BuildContext, Kernel
 from qlower.backends.cpu.conv import DirectConv, GemmConv
 from qlower.backends.cpu.dynamic import dynamic_kernel
-from qlower.backends.cpu.quantization import rescale_params
+from qlower.backends.cpu.quantization import TOSA_ROUNDINGS, rescale_params
 from qlower.backends.cpu.tensor_utils import execution_error
 from qlower.ir import DType, Graph, Op, Value
 
@@ -72,7 +72,7 @@ def match_conv_requant(op: Op, facts: GraphFacts, kernels: dict[Op, Kernel], ctx
     if op.result.type.quant.dynamic or not isinstance(kernels[op], GemmConv | DirectConv):
         return None
     rescale = facts.sole_user(op.result)
-    if rescale is None or rescale.kind != "rescale":
+    if rescale is None or rescale.kind != "rescale" or rescale.attrs["rounding"] not in TOSA_ROUNDINGS:
         return None
     clamp = _int_clamp(facts, rescale.result)
     params = rescale_params(op.result.type.quant, rescale.attrs["out"], rescale.attrs["rounding"])
@@ -108,6 +108,8 @@ def match_quantized_add(op: Op, facts: GraphFacts, kernels: dict[Op, Kernel], ct
     ra, rb = _int8_to_int32_rescale(facts, a, op), _int8_to_int32_rescale(facts, b, op)
     out = facts.sole_user(op.result)
     if ra is None or rb is None or out is None or out.kind != "rescale" or out.result.dtype is not DType.INT8:
+        return None
+    if any(r.attrs["rounding"] not in TOSA_ROUNDINGS for r in (ra, rb, out)):
         return None
     clamp = _int_clamp(facts, out.result)
     po = _rescale_vector(out)

@@ -82,7 +82,12 @@ class RescaleParams:
         return half + extra, half - extra
 
 
+TOSA_ROUNDINGS = ("single", "double")   # what the torch and C requantizers implement
+
+
 def rescale_params(in_spec: QuantSpec, out_spec: QuantSpec, rounding: str = "single") -> RescaleParams:
+    if rounding not in TOSA_ROUNDINGS:
+        raise ValueError(f"the cpu requantizer has no {rounding!r} rounding")
     m = requant.requantize_ratio(np.asarray(in_spec.scale), out_spec.scale[0])
     return RescaleParams(np.asarray(in_spec.zero_point, dtype=np.int64), m.multiplier.astype(np.int64),
                          m.shift.astype(np.int64), out_spec.zero_point[0], out_spec.qmin, out_spec.qmax,
@@ -173,6 +178,15 @@ class Requantizer:
 @builder("rescale")
 def _rescale(op: Op, ctx: BuildContext) -> Kernel:
     src = op.operands[0].type
+    if op.attrs["rounding"] not in TOSA_ROUNDINGS:   # TFLite's optimized rounding: the reference's own code
+        out = op.attrs["out"]
+        mult = requant.requantize_ratio(np.asarray(src.quant.scale), out.scale[0])
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            codes = requant.rescale(x.numpy(), np.asarray(src.quant.zero_point), out.zero_point[0], mult,
+                                    out.qmin, out.qmax, axis=src.quant.axis, rounding=op.attrs["rounding"])
+            return torch.from_numpy(codes.astype(out.dtype.numpy))
+        return run
     params = rescale_params(src.quant, op.attrs["out"], op.attrs["rounding"])
     return Requantizer(params, src.rank, src.dtype, op, ctx.native)
 

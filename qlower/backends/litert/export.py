@@ -99,10 +99,11 @@ class _Export:
             if op.kind in GEMMS and all(self.fused_gemm(u) is op for u in self.users.get(op.result, [])) \
                     and self.users.get(op.result) and op.result not in self.outputs:
                 continue   # emitted by the rescale that reads it
+            emitter = _EMITTERS.get(op.kind)
+            if emitter is None:
+                raise _unsupported(op, f"{op.kind} has no TFLite builtin form in qlower's exporter")
             try:
-                _EMITTERS[op.kind](self, op)
-            except KeyError:
-                raise _unsupported(op, f"{op.kind} has no TFLite builtin form in qlower's exporter") from None
+                emitter(self, op)
             except NotExact as e:
                 raise _unsupported(op, str(e)) from None
         outputs = []
@@ -143,14 +144,14 @@ def _fusion_problem(gemm: Op, rescale: Op) -> str | None:
         return "grouped convolution (not depthwise) has no TFLite builtin"
     if gemm.kind == "matmul" and x.rank > 4:
         return "BATCH_MATMUL takes rank <= 4"
-    scales = [*x.quant.scale, *w.quant.scale, *out.scale]
-    if not emit.float32_exact(scales):
-        return "a scale is not a float32, as TFLite stores scales"
     acc = gemm.result.type.quant
     ir = requant.requantize_ratio(np.asarray(acc.scale), out.scale[0])
-    real = np.float64(x.quant.scale[0]) * np.asarray(w.quant.scale, np.float64) / np.float64(out.scale[0])
+    def stored(scales):   # the float32 scales a .tflite holds, widened as TFLite's kernels widen them
+        return np.asarray(scales, np.float32).astype(np.float64)
+    real = stored(x.quant.scale[0]) * stored(w.quant.scale) / stored(out.scale[0])
     if not emit.same_multiplier(real, ir.multiplier, ir.shift):
-        return "TFLite's requantization multiplier for these scales differs from the IR's"
+        return ("TFLite's requantization multiplier, which it computes from the float32 scales it stores, "
+                "differs from the IR's (scales that are not float32s, as PyTorch's are)")
     return None
 
 
@@ -220,9 +221,9 @@ def _emit_fused(ex: _Export, gemm: Op, rescale: Op) -> None:
         # LiteRT's int8 convolutions require a bias: a missing one is zeros, which add nothing
         n_out = gemm.result.shape[-1]
         bias_data = ex.producers[bias_v].attrs["data"] if bias_v is not None else np.zeros(n_out, np.int32)
-        bias_scale = tuple(float(np.float32(np.float64(xq.scale[0]) * s)) for s in np.broadcast_to(wq.scale, n_out))
+        bias_scale = tuple(float(np.float32(np.float64(xq.scale[0]) * s)) for s in wq.scale)   # as the weights'
         inputs.append(b.const(bias_v.name if bias_v is not None else f"{gemm.result.name}/bias", bias_data, "int32",
-                              emit.Quant(bias_scale, (0,) * n_out, 0)))
+                              emit.Quant(bias_scale, (0,) * len(bias_scale), 0)))
     name = rescale.result.name if covered else f"{rescale.result.name}/acc"
     out = b.op(code, inputs, name, rescale.result.shape, "int8", tflite_quant(rescale.result.type), opts)
     if not covered:

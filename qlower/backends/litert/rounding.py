@@ -31,6 +31,7 @@ from qlower.ir import Graph, rebuild
 
 KERNEL_ROUNDING: dict[str, dict[str, str]] = {
     "reference": {"conv2d": "double", "fully_connected": "single", "matmul": "double"},
+    "builtin": {"conv2d": "double_half_up", "fully_connected": "double_half_up", "matmul": "double"},
     "xnnpack": {"conv2d": "single", "fully_connected": "single", "matmul": "double"},
 }
 

@@ -111,6 +111,8 @@ def check(op: Op, profile: Profile) -> str | None:
         return FLOAT_REASON
     if op.kind == "constant":
         return None  # emitted with (and in the layout of) whichever op reads it
+    if op.kind == "rescale" and op.attrs["rounding"] not in ("single", "double"):
+        return f"TOSA RESCALE has no {op.attrs['rounding']!r} rounding (TFLite's optimized kernels' own)"
     fn = CHECKS.get(op.kind)
     if fn is None:
         return f"the TOSA backend has no lowering for '{op.kind}'"
