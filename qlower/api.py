@@ -31,6 +31,7 @@ def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dic
         return Program(target, graph, graph, decisions=float_fallbacks(graph), meta=meta)
 
     t0 = time.perf_counter()
+    graph = backend.rewrite(graph, target)
     result = partition(graph, backend, target, trace=trace, progress=progress)
     meta["lower_seconds"] = round(time.perf_counter() - t0, 4)
     return Program(target, result.host, graph, result.partitions, result.decisions, meta)

@@ -63,6 +63,14 @@ class Backend(ABC):
     name: str
     targets: tuple[str, ...]
 
+    def rewrite(self, graph: Graph, target: str) -> Graph:
+        """The graph a program for ``target`` means, before partitioning (the default: ``graph``).
+
+        A backend whose kernels compute an op's numbers one definite way may give the graph's ops
+        that meaning here (LiteRT: the rounding of its fused requantization); the result is the
+        program's source, so the reference interpreter computes the same numbers."""
+        return graph
+
     @abstractmethod
     def supports(self, op: Op, target: str) -> Verdict:
         """Whether ``op`` (with its operand and result types) can run in this backend."""
