@@ -257,6 +257,12 @@ def _rescale(ex: _Export, op: Op) -> None:
         raise NotExact("double-rounding rescale has no exact TFLite form in qlower's exporter")
     src, out = op.operands[0].type.quant, op.attrs["out"]
     mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])
+    in_dtype = op.operands[0].type.dtype
+    if in_dtype in (DType.INT8, DType.UINT8, DType.INT16) and not src.is_per_channel:
+        # a function of at most 2**16 codes: one GATHER from its table (the reference's own numbers)
+        codes = np.arange(in_dtype.min, in_dtype.max + 1, dtype=np.int64)
+        table = requant.rescale(codes, np.asarray(src.zero_point), out.zero_point[0], mult, out.qmin, out.qmax)
+        return _gather_table(ex, op, table, -in_dtype.min)
     rank = op.result.type.rank
     t = emit.rescale(ex.b, ex.value(op.operands[0]), channel_shape(src.zero_point, rank, src.axis),
                      channel_shape(mult.multiplier, rank, src.axis), channel_shape(mult.shift, rank, src.axis),
@@ -417,13 +423,18 @@ def _gather(ex: _Export, op: Op) -> None:
 
 
 def _table(ex: _Export, op: Op) -> None:
-    """``table[clip(x + offset)]`` as a GATHER from the constant table."""
+    _gather_table(ex, op, op.attrs["table"], op.attrs["offset"])
+
+
+def _gather_table(ex: _Export, op: Op, table: np.ndarray, offset: int) -> None:
+    """``op``'s result as ``table[clip(x + offset)]``: a GATHER from the constant table."""
     b, name = ex.b, op.result.name
-    table = op.attrs["table"]
     idx = ex.plain(op.operands[0])
-    if op.attrs["offset"]:
-        idx = b.binary_const(B.ADD, idx, np.int32(op.attrs["offset"]), f"{name}/index")
-    idx = b.clamp(idx, np.int32(0), np.int32(table.size - 1), f"{name}/inside")
+    if offset:
+        idx = b.binary_const(B.ADD, idx, np.int32(offset), f"{name}/index")
+    dt = op.operands[0].type.dtype
+    if dt.min + offset < 0 or dt.max + offset >= table.size:   # codes beyond the declared range read the ends
+        idx = b.clamp(idx, np.int32(0), np.int32(table.size - 1), f"{name}/inside")
     dtype = _tfl_dtype(op.result.type)
     tab = b.const(f"{name}/table", np.asarray(table).astype(dtype), dtype, tflite_quant(op.result.type))
     ex.result(op, B.GATHER, [tab, idx], options("GatherOptions", Axis=0))
