@@ -32,6 +32,7 @@ from qlower.backends.litert import emit
 from qlower.backends.litert.emit import Builder, NotExact, channel_shape, options, tflite_quant
 from qlower.errors import UnsupportedOpError
 from qlower.ir import DType, Graph, Op, TensorType, Value
+from qlower.reference.pooling import pool_counts, reciprocal_scale
 
 GEMMS = ("conv2d", "fully_connected", "matmul")
 _TYPES = {DType.FLOAT32: "float32", DType.INT8: "int8", DType.INT16: "int16", DType.INT32: "int32",
@@ -451,6 +452,38 @@ def _max_pool(ex: _Export, op: Op) -> None:
                                               FilterWidth=kw, FilterHeight=kh))
 
 
+def _avg_pool(ex: _Export, op: Op) -> None:
+    """TOSA's integer average: the exact sum of the real taps' centered codes, times ``reciprocal_scale`` of
+    their count. The sums come from a float32 depthwise convolution with a filter of ones on the centered
+    codes: every partial sum is an integer below 2**24, so float32 holds it exactly in any order."""
+    t = op.operands[0].type
+    if t.quant is None:
+        raise NotExact("float average pooling sums in an order LiteRT's kernels don't follow")
+    (kh, kw), (sh, sw), pad = op.attrs["kernel"], op.attrs["stride"], op.attrs["pad"]
+    if kh * kw * (t.dtype.max - t.dtype.min) >= emit.FLOAT_EXACT:
+        raise NotExact(f"a {kh}x{kw} window's sum of {t.dtype.value} codes is not exact in float32")
+    b, name, zp = ex.b, op.result.name, t.quant.zero_point[0]
+    x = ex.plain(op.operands[0])
+    if zp:
+        x = b.binary_const(B.SUB, x, np.int32(zp), f"{name}/center")
+    x = b.cast(x, "float32", f"{name}/f32")
+    if any(pad):
+        x = _padv2(ex, x, t, np.array([[0, 0], [pad[0], pad[1]], [pad[2], pad[3]], [0, 0]], np.int32), 0.0,
+                   f"{name}/pad")
+    c = t.shape[3]
+    ones = b.const(f"{name}/ones", np.ones((1, kh, kw, c), np.float32), "float32")
+    zeros = b.const(f"{name}/zeros", np.zeros(c, np.float32), "float32")
+    n, oh, ow, _ = op.result.shape
+    sums = b.op(B.DEPTHWISE_CONV_2D, [x, ones, zeros], f"{name}/sums", (n, oh, ow, c), "float32",
+                opts=options("DepthwiseConv2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
+                             DepthMultiplier=1, DilationWFactor=1, DilationHFactor=1))
+    acc = b.cast(sums, "int32", f"{name}/acc")
+    m = reciprocal_scale(pool_counts(op))
+    y = emit.rescale(b, acc, np.int64(0), m.multiplier[None, :, :, None], m.shift[None, :, :, None], zp,
+                     t.dtype.min, t.dtype.max, _tfl_dtype(op.result.type), name, tflite_quant(op.result.type))
+    ex.bind(op.result, y)
+
+
 def _reduce(code: int, plain: bool) -> Callable[[_Export, Op], None]:
     def run(ex: _Export, op: Op) -> None:
         name = op.result.name
@@ -498,7 +531,7 @@ _EMITTERS: dict[str, Callable[[_Export, Op], None]] = {
     "logical_and": _logical(B.LOGICAL_AND), "logical_or": _logical(B.LOGICAL_OR),
     "logical_xor": _logical(B.NOT_EQUAL), "logical_not": _logical(B.LOGICAL_NOT), "select": _select,
     "clamp": _clamp, "concat": _concat, "reshape": _reshape, "transpose": _transpose, "pad": _pad_op,
-    "slice": _slice, "gather": _gather, "table": _table, "max_pool2d": _max_pool,
+    "slice": _slice, "gather": _gather, "table": _table, "max_pool2d": _max_pool, "avg_pool2d": _avg_pool,
     "reduce_sum": _reduce(B.SUM, plain=True), "reduce_max": _reduce(B.REDUCE_MAX, plain=False),
     "reduce_min": _reduce(B.REDUCE_MIN, plain=False),
     "argmax": _arg(B.ARG_MAX, "ArgMaxOptions"), "argmin": _arg(B.ARG_MIN, "ArgMinOptions"), "cast": _cast,
