@@ -75,11 +75,16 @@ def cmd_verify(args) -> int:
 
 
 def cmd_compile(args) -> int:
+    if args.format == "tflite" and not args.output:
+        print("qlower: --format tflite needs -o FILE.tflite", file=sys.stderr)
+        return 2
     model, example, quant, calib = _load_model(args.model, args.size)
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
                           verify_passes=args.verify_passes, backend_options=_options(args.option))
     print(prog.explain())
-    if args.output:
+    if args.output and args.format == "tflite":
+        print(f"wrote {prog.export(args.output, format='tflite')} (TFLite, for LiteRT)")
+    elif args.output:
         prog.save(args.output)
         print(f"wrote {args.output}")
     if args.artifacts:
@@ -162,7 +167,10 @@ def main(argv: list[str] | None = None) -> int:
             c.add_argument("--json", help="also write the report as JSON")
             c.add_argument("--html", help="also write the HTML report (per-layer error plot, partitioning)")
         else:
-            c.add_argument("-o", "--output", help="write the program file here")
+            c.add_argument("-o", "--output", help="write the program file (or, with --format tflite, the .tflite) here")
+            c.add_argument("--format", choices=("qlp", "tflite"), default="qlp",
+                           help="qlp: a qlower program file (default); tflite: the whole program as one TFLite "
+                                "model for LiteRT (compile for --target litert to match its kernels)")
             c.add_argument("--artifacts", help="also export the backends' files (e.g. .tosa) to this directory")
         c.set_defaults(fn=fn)
     r = sub.add_parser("run", help="run a program file on .npy inputs")

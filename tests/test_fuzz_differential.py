@@ -40,7 +40,8 @@ REGRESSIONS = Path(__file__).parent / "regressions"
 SAVE_DIR = Path(os.environ.get("QLOWER_FUZZ_SAVE_DIR", REGRESSIONS))
 KNOWN = load_known_issues(REGRESSIONS / "known_issues.json")
 # CI's budget per target (each VGF example converts and runs on lavapipe: ~1.4 s)
-DEFAULT_EXAMPLES = {"tosa-1.0+int": 25, "tosa-1.0+int+fp": 25, "cpu": 100, "ethos-u85-256": 20, "vgf+int": 10, "vgf": 10}
+DEFAULT_EXAMPLES = {"tosa-1.0+int": 25, "tosa-1.0+int+fp": 25, "cpu": 100, "ethos-u85-256": 20, "vgf+int": 10, "vgf": 10,
+                    "litert": 50}
 EXAMPLES = int(os.environ.get("QLOWER_FUZZ_EXAMPLES", "0"))
 
 
@@ -78,8 +79,9 @@ def test_generated_graphs_keep_the_generator_promises(case: FuzzCase):
 
 
 def test_every_target_of_the_fuzzer_is_available():
-    """TOSA, CPU, Ethos-U and VGF are installed here: a missing one must not silently shrink the fuzzing."""
-    assert available_targets() == ["tosa-1.0+int", "tosa-1.0+int+fp", "cpu", "ethos-u85-256", "vgf+int", "vgf"]
+    """TOSA, CPU, Ethos-U, VGF and LiteRT are installed here: a missing one must not silently shrink the fuzzing."""
+    assert available_targets() == ["tosa-1.0+int", "tosa-1.0+int+fp", "cpu", "ethos-u85-256", "vgf+int", "vgf",
+                                   "litert"]
 
 
 def _flip_rescale_rounding(lower):

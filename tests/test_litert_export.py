@@ -294,3 +294,18 @@ def test_the_optimized_kernels_rounding_is_an_ir_rounding_every_host_backend_run
     single = run_graph(verify(rebuild(g, lambda b, op, o: (b.op("rescale", *o, out=op.attrs["out"]),))), [data])[0]
     assert np.any(single != want), "the data must tell the roundings apart"
     assert "double_half_up" in check(g.ops[0], PROFILES["tosa-1.0+int"])
+
+
+@pytest.mark.parametrize("in_dtype", [DType.INT32, DType.INT8])
+def test_double_rounding_rescale_is_exact(in_dtype):
+    rng = np.random.default_rng(RNG_SEED)
+    b = GraphBuilder("double")
+    wide = in_dtype is I32
+    x, data = int_input(rng, b, "x", (1, 8, 8, 16), in_dtype,
+                        QuantSpec.per_tensor(0.005, 0 if wide else 4, in_dtype),   # shift 32: DOUBLE_ROUND acts
+                        low=-400 if wide else None, high=400 if wide else None)
+    y = b.op("rescale", x, out=QuantSpec.per_tensor(0.0173, -3), rounding="double")
+    g = verify(b.build([y]))
+    assert_exact(g, [data])
+    single = run_graph(verify(rebuild(g, lambda b, op, o: (b.op("rescale", *o, out=op.attrs["out"]),))), [data])[0]
+    assert not wide or np.any(single != run_graph(g, [data])[0]), "the data must tell the roundings apart"

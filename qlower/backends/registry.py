@@ -30,6 +30,7 @@ _NPU_TARGETS: dict[str, tuple[str, str]] = {
     "ethos-u85-2048": ("qlower.backends.ethosu", "EthosUBackend"),
     "vgf": ("qlower.backends.vgf", "VgfBackend"),
     "vgf+int": ("qlower.backends.vgf", "VgfBackend"),
+    "litert": ("qlower.backends.litert", "LiteRtBackend"),
 }
 HOST_TARGETS = ("reference", "cpu")
 

@@ -142,7 +142,11 @@ def program_to_bytes(program: Program) -> bytes:
 
 def save_program(program: Program, path: str | os.PathLike) -> None:
     """Write ``program`` to ``path`` atomically (a reader never sees half a file)."""
-    data = program_to_bytes(program)
+    write_atomically(path, program_to_bytes(program))
+
+
+def write_atomically(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -281,6 +285,10 @@ def _dec_partition(x: Any, tensors: TensorReader, source_names: set[str], where:
     if (len(payload.input_types), len(payload.output_types)) != (len(sub.inputs), len(sub.outputs)):
         raise fail(where, f"its payload has {len(payload.input_types)} inputs and {len(payload.output_types)} "
                           f"outputs, its subgraph {len(sub.inputs)} and {len(sub.outputs)}")
+    if payload.backend == "litert":   # bytes LiteRT's native parser reads: only exactly what qlower writes
+        from qlower.backends.litert.verify import check_loaded_payload
+
+        check_loaded_payload(sub, payload.blobs.get("model.tflite"), payload.meta.get("kernels"), where)
     values = tuple(as_str(v, f"{where} values") for v in as_list(d["values"], f"{where} values"))
     unknown = [v for v in values if v not in source_names]
     if unknown:

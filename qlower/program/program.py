@@ -119,6 +119,23 @@ class Program:
         return print_graph(self.graph)
 
     # -- saving -------------------------------------------------------------------
+    EXPORT_FORMATS = ("tflite",)
+
+    def export(self, path: str | os.PathLike, format: str = "tflite") -> str:
+        """Write the whole program (host ops, every partition's ops, float fallbacks) as one deployable
+        model file; returns its path. ``"tflite"``: a TFLite schema-3 flatbuffer of builtin operators
+        that the stock LiteRT interpreter runs (UnsupportedOpError names an op with no TFLite form).
+        Its numbers are the reference interpreter's under the LiteRT kernels whose rounding the program
+        has (compile for target ``litert`` with the ``kernels`` you deploy; the reference kernels by default)."""
+        if format not in self.EXPORT_FORMATS:
+            raise ValueError(f"unknown export format {format!r}; formats: {', '.join(self.EXPORT_FORMATS)}")
+        from qlower.backends.litert.export import export_tflite
+        from qlower.program.fileformat import write_atomically
+
+        data = export_tflite(self.source, description=f"qlower program for {self.target}")
+        write_atomically(path, data)
+        return os.fspath(path)
+
     def save(self, path: str | os.PathLike) -> None:
         """Write the program to one file (``qlower.load`` reads it back); see qlower/program/fileformat.py."""
         from qlower.program.fileformat import save_program

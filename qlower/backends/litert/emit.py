@@ -192,8 +192,9 @@ def round_half_even(b: Builder, x: int, lo: np.ndarray, hi: np.ndarray, offset: 
 
 
 def rescale(b: Builder, x: int, in_zp: np.ndarray, multiplier: np.ndarray, shift: np.ndarray, out_zp: int,
-            qmin: int, qmax: int, out_dtype: str, name: str, out_quant: Quant | None = None) -> int:
-    """``requant.rescale`` (TOSA RESCALE, single rounding, clamp) of the codes in ``x``, exactly.
+            qmin: int, qmax: int, out_dtype: str, name: str, out_quant: Quant | None = None,
+            double_round: bool = False) -> int:
+    """``requant.rescale`` (TOSA RESCALE with single or double rounding, clamp) of the codes in ``x``, exactly.
 
     Per-channel arrays must already be shaped to broadcast (``channel_shape``)."""
     multiplier, shift = np.asarray(multiplier, np.int64), np.asarray(shift, np.int64)
@@ -201,7 +202,8 @@ def rescale(b: Builder, x: int, in_zp: np.ndarray, multiplier: np.ndarray, shift
     power = multiplier * np.exp2(-shift.astype(np.float64))
     narrow = b.dtype(x) in ("int8", "int16", "uint8")
     identity = np.all(power == 1) and not np.any(in_zp) and out_zp == 0
-    if np.all(power == np.round(power)) and np.all(power >= 1) and np.all(power < 2**15) and (narrow or identity):
+    exact_power = np.all(power == np.round(power)) and np.all(power >= 1) and np.all(power < 2**15)
+    if exact_power and (narrow or identity):   # (double rounding adds nothing: there is no fraction)
         # an integer ratio 2**k (the zero-point removal of a widening rescale): no rounding at all
         v = b.cast(x, "int32", f"{name}/i32")
         if np.any(in_zp != 0):
@@ -214,8 +216,17 @@ def rescale(b: Builder, x: int, in_zp: np.ndarray, multiplier: np.ndarray, shift
         v = b.cast(x, "int64", f"{name}/i64")
         if np.any(in_zp != 0):
             v = b.binary_const(Op.SUB, v, in_zp, f"{name}/center")
+        centered = v
         v = b.binary_const(Op.MUL, v, multiplier, f"{name}/mul")
         v = b.binary_const(Op.ADD, v, np.left_shift(np.int64(1), shift - 1), f"{name}/round")
+        if double_round and np.any(shift > 31):
+            # TOSA DOUBLE_ROUND: a further +2**30 for values >= 0 and -2**30 below, where shift > 31
+            zero = b.const(f"{name}/0", np.int64(0), "int64")
+            sign = b.binary(Op.GREATER_EQUAL, centered, zero, f"{name}/nonneg", dtype="bool")
+            extra = b.binary_const(Op.MUL, b.cast(sign, "int64", f"{name}/nonneg64"),
+                                   np.where(shift > 31, np.int64(1 << 31), np.int64(0)), f"{name}/up")
+            v = b.binary(Op.ADD, v, extra, f"{name}/double")
+            v = b.binary_const(Op.SUB, v, np.where(shift > 31, np.int64(1 << 30), np.int64(0)), f"{name}/down")
         v = floor_shift(b, v, shift, np.int64(qmin - out_zp), np.int64(qmax - out_zp), name)
         if out_zp:
             v = b.binary_const(Op.ADD, v, np.int32(out_zp), f"{name}/zp")

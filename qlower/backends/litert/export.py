@@ -123,7 +123,7 @@ class _Export:
 
 def _unsupported(op: Op, reason: str) -> UnsupportedOpError:
     where = f" at {op.origin.describe()}" if op.origin else ""
-    return UnsupportedOpError(f"{op.kind} producing %{op.result.name}{where} can't be exported to TFLite: {reason}")
+    return UnsupportedOpError(f"{op.kind} producing %{op.results[0].name}{where} can't be exported to TFLite: {reason}")
 
 
 # -- fused GEMMs ----------------------------------------------------------------------------------
@@ -254,21 +254,22 @@ def _rescale(ex: _Export, op: Op) -> None:
     gemm = ex.fused_gemm(op)
     if gemm is not None:
         return _emit_fused(ex, gemm, op)
-    if op.attrs["rounding"] != "single":
-        raise NotExact("double-rounding rescale has no exact TFLite form in qlower's exporter")
     src, out = op.operands[0].type.quant, op.attrs["out"]
     mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])
     in_dtype = op.operands[0].type.dtype
     if in_dtype in (DType.INT8, DType.UINT8, DType.INT16) and not src.is_per_channel:
         # a function of at most 2**16 codes: one GATHER from its table (the reference's own numbers)
         codes = np.arange(in_dtype.min, in_dtype.max + 1, dtype=np.int64)
-        table = requant.rescale(codes, np.asarray(src.zero_point), out.zero_point[0], mult, out.qmin, out.qmax)
+        table = requant.rescale(codes, np.asarray(src.zero_point), out.zero_point[0], mult, out.qmin, out.qmax,
+                                rounding=op.attrs["rounding"])
         return _gather_table(ex, op, table, -in_dtype.min)
+    if op.attrs["rounding"] not in ("single", "double"):
+        raise NotExact(f"a {op.attrs['rounding']} rescale of int32 codes exists only inside a fused TFLite GEMM")
     rank = op.result.type.rank
     t = emit.rescale(ex.b, ex.value(op.operands[0]), channel_shape(src.zero_point, rank, src.axis),
                      channel_shape(mult.multiplier, rank, src.axis), channel_shape(mult.shift, rank, src.axis),
                      out.zero_point[0], out.qmin, out.qmax, _tfl_dtype(op.result.type), op.result.name,
-                     tflite_quant(op.result.type))
+                     tflite_quant(op.result.type), double_round=op.attrs["rounding"] == "double")
     ex.bind(op.result, t)
 
 

@@ -1,0 +1,167 @@
+"""The ``litert`` target: the supported graph becomes one .tflite, run by the stock LiteRT interpreter.
+
+``kernels`` picks LiteRT's kernel family: ``"reference"`` (BUILTIN_REF, the default),
+``"builtin"`` (the optimized builtin kernels, BUILTIN_WITHOUT_DEFAULT_DELEGATES) or
+``"xnnpack"`` (the default delegates). Before partitioning, ``rewrite`` gives every
+rescale that fuses into a TFLite GEMM the rounding those kernels use (rounding.py),
+so the program means what LiteRT computes: reference and builtin are bit-exact with
+the reference interpreter. XNNPACK requantizes some convolutions in float32; its
+payloads say so (``meta["exactness"]``) and benchmarks/latency.py measures it.
+
+Interpreters are built once per payload (the flatbuffer is verified first, see
+verify.py) and kept in a small bounded cache; a LiteRT interpreter is not safe
+to invoke from two threads, so each has its own lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from qlower.backends.base import Backend, Payload, Verdict, check_payload_inputs
+from qlower.backends.litert import rounding
+from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, unsupported_reason
+from qlower.backends.litert.verify import builtin_counts, model_description, verify_tflite
+from qlower.errors import ExecutionError, InputError
+from qlower.ir import Graph, Op
+
+MODEL_BLOB = "model.tflite"
+KERNELS = ("reference", "builtin", "xnnpack")
+_EXACTNESS = {
+    "reference": "bit-exact with the reference interpreter (LiteRT reference kernels, BUILTIN_REF)",
+    "builtin": "bit-exact with the reference interpreter (LiteRT optimized builtin kernels)",
+    "xnnpack": ("XNNPACK delegate: requantizes some convolutions in float32, so codes may differ from the "
+                "reference interpreter by 1 step near rounding ties (measured in benchmarks/latency.py)"),
+}
+_CACHE_SIZE = 16
+
+
+class LiteRtBackend(Backend):
+    name = "litert"
+    targets = ("litert",)
+
+    def __init__(self, kernels: str = "reference", threads: int | None = None):
+        if kernels not in KERNELS:
+            raise ValueError(f"litert option kernels={kernels!r} is not one of {', '.join(KERNELS)}")
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+            raise ValueError(f"litert option threads={threads!r} must be a positive integer")
+        self.kernels = kernels
+        self.threads = threads
+        self._fused: set[int] = set()
+
+    def rewrite(self, graph: Graph, target: str) -> Graph:
+        return rounding.with_kernel_rounding(graph, self.kernels)
+
+    def prepare(self, graph: Graph) -> None:
+        """Note the GEMMs that fuse with their rescale: only those have a TFLite form."""
+        self._fused = {id(op) for pair in fused_pairs(graph).values() for op in pair}
+
+    def supports(self, op: Op, target: str) -> Verdict:
+        if id(op) in self._fused:
+            return Verdict.yes()
+        if op.kind in GEMMS:
+            return Verdict.no(unsupported_reason(op) or "its int32 accumulator feeds no single rescale to int8 "
+                              "(TFLite's GEMMs requantize inside the kernel)")
+        reason = unsupported_reason(op)
+        return Verdict.yes() if reason is None else Verdict.no(reason)
+
+    def lower(self, subgraph: Graph, target: str, trace: bool = False) -> Payload:
+        model = export_tflite(subgraph, description=model_description(subgraph, self.kernels))
+        names = {v.name for op in subgraph.ops for v in op.results if op.kind != "constant"}
+        names |= {v.name for v in subgraph.inputs}
+        return Payload(
+            backend=self.name, target=target, blobs={MODEL_BLOB: model},
+            input_types=tuple(v.type for v in subgraph.inputs),
+            output_types=tuple(v.type for v in subgraph.outputs),
+            tensor_map={n: n for n in sorted(names)} if trace else {},
+            meta={"kernels": self.kernels, "threads": self.threads, "exactness": _EXACTNESS[self.kernels],
+                  "tflite_ops": builtin_counts(model), "tflite_bytes": len(model),
+                  "exact_kernels": rounding.exact_kernels(subgraph)},
+        )
+
+    def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return _run(payload, inputs, ())[0]
+
+    def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
+                       tensors: Sequence[str]) -> dict[str, np.ndarray]:
+        outputs, traced = _run(payload, inputs, tuple(tensors))
+        return traced
+
+
+class _Interpreter:
+    """One LiteRT interpreter of a payload, with the lock that serialises its invocations."""
+
+    def __init__(self, model: bytes, kernels: str, threads: int | None, keep_all: bool):
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+        resolver = {"reference": OpResolverType.BUILTIN_REF,
+                    "builtin": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+                    "xnnpack": OpResolverType.AUTO}[kernels]
+        try:
+            self.it = Interpreter(model_content=model, experimental_op_resolver_type=resolver,
+                                  num_threads=threads, experimental_preserve_all_tensors=keep_all)
+            self.it.allocate_tensors()
+        except (RuntimeError, ValueError) as e:
+            raise ExecutionError(f"LiteRT refused the partition's model: {e}") from e
+        self.inputs = self.it.get_input_details()
+        self.outputs = self.it.get_output_details()
+        self.by_name = {d["name"]: d["index"] for d in self.it.get_tensor_details()} if keep_all else {}
+        self.lock = threading.Lock()
+
+
+_interpreters: collections.OrderedDict[tuple, _Interpreter] = collections.OrderedDict()
+_interpreters_lock = threading.Lock()
+
+
+def _interpreter(payload: Payload, keep_all: bool) -> _Interpreter:
+    model = payload.blobs.get(MODEL_BLOB)
+    if model is None:
+        raise ExecutionError(f"the litert payload has no {MODEL_BLOB}")
+    kernels = payload.meta.get("kernels", "reference")
+    if kernels not in KERNELS:
+        raise ExecutionError(f"the litert payload names unknown kernels {kernels!r}")
+    key = (hash(model), len(model), kernels, payload.meta.get("threads"), keep_all)
+    with _interpreters_lock:
+        found = _interpreters.get(key)
+        if found is not None:
+            _interpreters.move_to_end(key)
+            return found
+    verify_tflite(model)   # never hand LiteRT bytes its own parser would have to survive
+    made = _Interpreter(model, kernels, payload.meta.get("threads"), keep_all)
+    with _interpreters_lock:
+        _interpreters[key] = made
+        while len(_interpreters) > _CACHE_SIZE:
+            _interpreters.popitem(last=False)
+    return made
+
+
+def _run(payload: Payload, inputs: Sequence[np.ndarray], traced: tuple[str, ...]
+         ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    arrays = check_payload_inputs(payload, inputs, "the LiteRT partition")
+    for i, x in enumerate(arrays):
+        if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
+            raise InputError(f"input {i} of the LiteRT partition holds NaN or infinity")
+    it = _interpreter(payload, keep_all=bool(traced))
+    if len(it.inputs) != len(arrays) or len(it.outputs) != len(payload.output_types):
+        raise ExecutionError(f"the partition's model has {len(it.inputs)} inputs and {len(it.outputs)} outputs, "
+                             f"its payload declares {len(arrays)} and {len(payload.output_types)}")
+    with it.lock:
+        for d, x in zip(it.inputs, arrays):
+            if tuple(d["shape"]) != x.shape or np.dtype(d["dtype"]) != x.dtype:
+                raise ExecutionError(f"the model's input {d['name']} is {d['dtype'].__name__}{list(d['shape'])}, "
+                                     f"the payload declares {x.dtype}{list(x.shape)}")
+            it.it.set_tensor(d["index"], x)
+        try:
+            it.it.invoke()
+        except RuntimeError as e:
+            raise ExecutionError(f"LiteRT failed running the partition: {e}") from e
+        outs = [np.array(it.it.get_tensor(d["index"])) for d in it.outputs]
+        seen = {name: np.array(it.it.get_tensor(it.by_name[name])) for name in traced if name in it.by_name}
+    for i, (y, t) in enumerate(zip(outs, payload.output_types)):
+        if y.dtype != t.dtype.numpy or tuple(y.shape) != t.shape:
+            raise ExecutionError(f"output {i} of the LiteRT partition came back as {y.dtype}{list(y.shape)}, "
+                                 f"the payload declares {t}")
+    return outs, seen
