@@ -309,3 +309,35 @@ def test_double_rounding_rescale_is_exact(in_dtype):
     assert_exact(g, [data])
     single = run_graph(verify(rebuild(g, lambda b, op, o: (b.op("rescale", *o, out=op.attrs["out"]),))), [data])[0]
     assert not wide or np.any(single != run_graph(g, [data])[0]), "the data must tell the roundings apart"
+
+
+@pytest.mark.parametrize("kernels,resolver", [("reference", OpResolverType.BUILTIN_REF),
+                                              ("builtin", OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)])
+def test_each_kernel_family_is_exact_with_its_rounding_only(kernels, resolver):
+    """One conv, one fully connected, one matmul with 10**4+ outputs each: the rounding table of
+    rounding.py makes each family exact, and the other families' roundings would not be."""
+    from qlower.backends.litert.rounding import KERNEL_ROUNDING, with_kernel_rounding
+
+    rng = np.random.default_rng(RNG_SEED)
+    b = GraphBuilder("family")
+    q_in = QuantSpec.per_tensor(f32(0.05)[0], 3)
+    x = b.input("x", TensorType((1, 24, 24, 16), DType.INT8, q_in))
+    wq = QuantSpec.per_channel(f32(np.linspace(0.002, 0.01, 32)), axis=0, qmin=-127, qmax=127)
+    c = b.op("conv2d", x, b.constant(rng.integers(-127, 128, (32, 3, 3, 16)).astype(np.int8), wq), None,
+             pad=(1, 1, 1, 1))
+    y = b.op("rescale", c, out=QuantSpec.per_tensor(f32(0.11)[0], -1))
+    fq = QuantSpec.per_channel(f32(np.linspace(0.003, 0.006, 24)), axis=0, qmin=-127, qmax=127)
+    f = b.op("rescale", b.op("fully_connected", y, b.constant(rng.integers(-127, 128, (24, 32)).astype(np.int8), fq),
+                             None), out=QuantSpec.per_tensor(f32(0.09)[0], 2))
+    a = b.op("reshape", f, shape=(24, 24, 24))
+    m = b.op("rescale", b.op("matmul", a, a), out=QuantSpec.per_tensor(f32(1.7)[0], 0))
+    g = verify(b.build([y, f, m]))
+    data = rng.integers(-128, 128, (1, 24, 24, 16)).astype(np.int8)
+    mine = with_kernel_rounding(g, kernels)
+    got = run_litert(export_tflite(mine), [data], resolver)
+    for w, o in zip(run_graph(mine, [data]), got):
+        np.testing.assert_array_equal(o, w)
+    for other in KERNEL_ROUNDING:
+        if KERNEL_ROUNDING[other] != KERNEL_ROUNDING[kernels]:
+            theirs = with_kernel_rounding(g, other)
+            assert any(np.any(o != w) for w, o in zip(run_graph(theirs, [data]), got)), other

@@ -25,6 +25,7 @@ from qlower.ir import Graph
 
 _BUILTIN_NAMES = {v: k for k, v in vars(BuiltinOperator).items() if not k.startswith("_")}
 MAX_RANK = 8
+MAX_TENSOR_BYTES = 2**31   # LiteRT's own limit on one tensor; larger shapes come only from corrupted files
 
 
 def builtin_counts(model: bytes) -> dict[str, int]:
@@ -111,7 +112,9 @@ def _check_tensor(t, i: int, buffers: list[int]) -> None:
     if not 0 <= t.Buffer() < len(buffers):
         raise InvalidProgramError(f"tensor {i} names buffer {t.Buffer()} of {len(buffers)}")
     size = buffers[t.Buffer()]
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = int(np.prod(np.asarray(shape, dtype=object))) * dtype.itemsize if shape else dtype.itemsize
+    if expected > MAX_TENSOR_BYTES:
+        raise InvalidProgramError(f"tensor {i} of shape {shape} would take {expected} bytes")
     if size and size != expected:
         raise InvalidProgramError(f"tensor {i} has a {size}-byte buffer, its shape {shape} needs {expected}")
     q = t.Quantization()
@@ -136,7 +139,10 @@ def check_loaded_payload(subgraph: Graph, model: bytes | None, kernels: object, 
         raise InvalidProgramError(f"{where}: the litert payload has no model.tflite")
     if kernels not in ("reference", "builtin", "xnnpack"):
         raise InvalidProgramError(f"{where}: the litert payload names unknown kernels {kernels!r}")
-    verify_tflite(model)
+    try:
+        verify_tflite(model)
+    except InvalidProgramError as e:
+        raise InvalidProgramError(f"{where}: {e}") from None
     if model != export_tflite(subgraph, description=model_description(subgraph, str(kernels))):
         raise InvalidProgramError(f"{where}: the .tflite payload is not what qlower writes for its subgraph "
                                   "(altered after compilation)")

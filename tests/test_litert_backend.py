@@ -1,0 +1,177 @@
+"""The ``litert`` target: compile, partition, run in LiteRT with each kernel family, save and load,
+and refuse hostile payloads before LiteRT's native code reads them."""
+
+import dataclasses
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import qlower
+from qlower.backends.litert.verify import verify_tflite
+from qlower.errors import InputError, InvalidProgramError
+from qlower.program.fileformat import program_from_bytes, program_to_bytes
+from qlower.reference import run_graph
+
+SEED = 20261123
+
+
+class ConvNet(torch.nn.Module):
+    """Three input channels first (XNNPACK requantizes that conv in float32), a residual add, a linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.fc = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        y = y + self.c2(y)
+        return self.fc(y.mean((2, 3)))
+
+
+def _model():
+    torch.manual_seed(SEED)
+    model = ConvNet().eval()
+    gen = torch.Generator().manual_seed(SEED)
+    example = (torch.randn(1, 3, 12, 12, generator=gen),)
+    calibration = [(torch.randn(1, 3, 12, 12, generator=gen),) for _ in range(4)]
+    return model, example, calibration
+
+
+@pytest.fixture(scope="module")
+def programs():
+    model, example, calibration = _model()
+    return {k: qlower.compile(model, example, target="litert", calibration=calibration, progress=False,
+                              backend_options={"kernels": k}) for k in ("reference", "builtin", "xnnpack")}
+
+
+def _inputs(n=6):
+    gen = torch.Generator().manual_seed(SEED + 1)
+    return [torch.randn(1, 3, 12, 12, generator=gen).numpy() * 2 for _ in range(n)]
+
+
+def test_whole_graph_is_one_litert_partition(programs):
+    prog = programs["reference"]
+    assert len(prog.partitions) == 1 and prog.partitions[0].backend == "litert"
+    assert [op.kind for op in prog.graph.ops if op.kind != "constant"] == ["delegate"]
+    meta = prog.partitions[0].payload.meta
+    assert meta["kernels"] == "reference" and "bit-exact" in meta["exactness"]
+    assert meta["tflite_ops"]["CONV_2D"] == 1 and meta["tflite_ops"]["DEPTHWISE_CONV_2D"] == 1
+
+
+@pytest.mark.parametrize("kernels", ["reference", "builtin"])
+def test_reference_and_builtin_kernels_are_bit_exact(programs, kernels):
+    prog = programs[kernels]
+    for x in _inputs():
+        np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x])[0])
+
+
+def test_xnnpack_differs_by_at_most_one_step_and_says_so(programs):
+    prog = programs["xnnpack"]
+    assert "XNNPACK" in prog.partitions[0].payload.meta["exactness"]
+    step = float(prog.source.ops[-1].operands[0].type.quant.scale[0])   # the output's dequantize
+    assert prog.source.ops[-1].kind == "dequantize"
+    worst = max(np.abs(prog.run(x)[0] - run_graph(prog.source, [x])[0]).max() for x in _inputs()) / step
+    assert worst <= 1.0 + 1e-6
+
+
+def test_save_and_load_run_the_same_numbers_with_the_same_kernels(programs, tmp_path):
+    for kernels, prog in programs.items():
+        path = tmp_path / f"{kernels}.qlp"
+        prog.save(path)
+        again = qlower.load(path)
+        assert again.partitions[0].payload.meta["kernels"] == kernels
+        for x in _inputs(2):
+            np.testing.assert_array_equal(again.run(x)[0], prog.run(x)[0])
+
+
+def _with_model_bytes(prog, model: bytes):
+    part = prog.partitions[0]
+    payload = dataclasses.replace(part.payload, blobs={**part.payload.blobs, "model.tflite": model})
+    return dataclasses.replace(prog, partitions=[dataclasses.replace(part, payload=payload)], _runner=None)
+
+
+def test_an_altered_payload_byte_is_refused_at_load(programs):
+    """A forger who flips a byte of model.tflite and reseals the file (the checksum is recomputed by
+    program_to_bytes) gets an InvalidProgramError at load, wherever the byte is."""
+    prog = programs["reference"]
+    model = prog.partitions[0].payload.blobs["model.tflite"]
+    rng = np.random.default_rng(SEED)
+    for pos in [*rng.integers(0, len(model), 25), 0, 4, len(model) - 1]:
+        forged = bytearray(model)
+        forged[pos] ^= 1 + int(rng.integers(0, 255))
+        data = program_to_bytes(_with_model_bytes(prog, bytes(forged)))
+        with pytest.raises(InvalidProgramError, match="partition 'p0'"):
+            program_from_bytes(data)
+    truncated = program_to_bytes(_with_model_bytes(prog, model[:100]))
+    with pytest.raises(InvalidProgramError):
+        program_from_bytes(truncated)
+
+
+def test_verify_rejects_malformed_models_with_a_reason_and_nothing_else(programs):
+    model = programs["reference"].partitions[0].payload.blobs["model.tflite"]
+    verify_tflite(model)
+    for bad in (b"", b"TFL3", b"\x00" * 64, model[:len(model) // 2], model[:7] + b"X" + model[8:]):
+        with pytest.raises(InvalidProgramError):
+            verify_tflite(bad)
+    rng = np.random.default_rng(SEED)
+    rejected = 0
+    for _ in range(300):
+        forged = bytearray(model)
+        for pos in rng.integers(0, min(len(model), 4096), int(rng.integers(1, 4))):   # the tables lie up front
+            forged[pos] = int(rng.integers(0, 256))
+        try:
+            verify_tflite(bytes(forged))
+        except InvalidProgramError:
+            rejected += 1
+    assert rejected > 50
+
+
+def test_an_unverifiable_payload_in_memory_is_an_error_not_a_crash(programs):
+    prog = _with_model_bytes(programs["reference"], b"TFL3" * 10)
+    with pytest.raises(InvalidProgramError):
+        prog.run(_inputs(1)[0])
+
+
+def test_many_threads_run_one_program(programs):
+    prog = programs["reference"]
+    xs = _inputs(4)
+    want = [run_graph(prog.source, [x])[0] for x in xs]
+    errors = []
+
+    def work(k):
+        try:
+            for i in range(25):
+                np.testing.assert_array_equal(prog.run(xs[(i + k) % 4])[0], want[(i + k) % 4])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_bad_inputs_and_options_are_clear_errors(programs):
+    x = _inputs(1)[0]
+    x[0, 0, 0, 0] = np.nan
+    with pytest.raises(InputError, match="NaN"):
+        programs["reference"].run(x)
+    with pytest.raises(InputError, match="shape"):
+        programs["reference"].run(np.zeros((1, 3, 11, 12), np.float32))
+    model, example, calibration = _model()
+    with pytest.raises(ValueError, match="reference, builtin, xnnpack"):
+        qlower.compile(model, example, target="litert", backend_options={"kernels": "fast"}, progress=False)
+
+
+def test_verify_compares_every_layer_inside_the_partition():
+    model, example, calibration = _model()
+    report = qlower.verify(model, example, target="litert", calibration=calibration, progress=False)
+    assert report.ok
+    text = report.table()
+    assert "litert" in text
