@@ -41,6 +41,8 @@ bench: $(STAMP)
 		--json benchmarks/results/compile_npu.json
 	$(BIN)/python benchmarks/latency.py
 	$(BIN)/python benchmarks/coverage.py
+	$(BIN)/python benchmarks/litert_exactness.py
+	$(BIN)/python benchmarks/vela_tflite.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

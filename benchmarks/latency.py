@@ -1,4 +1,4 @@
-"""CPU backend latency: MobileNetV2- and ResNet-18-shaped int8 IR graphs beside torch eager fp32.
+"""CPU backend latency: MobileNetV2- and ResNet-18-shaped int8 IR graphs beside torch eager fp32 and LiteRT.
 
 The int8 graphs are built directly in the IR with random int8 weights
 (benchmarks/models_ir.py), 224x224x3, batch 1, and compiled with
@@ -9,7 +9,14 @@ see the same machine load) and the median of ``--runs`` is reported. The int8 ou
 is checked once against the reference interpreter (bit-exact). Targets on the
 2-core machine: MobileNetV2 <= 16 ms, ResNet-18 <= 60 ms.
 
-    python benchmarks/latency.py [--runs 50] [--warmup 10] [--threads 2] [--no-check]
+LiteRT rows (``--no-litert`` skips them): the zoo models themselves, quantized by qlower at 224 and
+compiled for the ``litert`` target once per kernel family (``xnnpack``: the default delegates,
+``builtin``: LiteRT's optimized builtin kernels), with qlower's ``cpu`` backend running the same
+quantized graph as a third column; the three alternate run by run. Each output is compared once with
+the reference interpreter on the program's source: max difference in output steps and share of exact
+elements.
+
+    python benchmarks/latency.py [--runs 50] [--warmup 10] [--threads 2] [--no-check] [--no-litert]
 
 Prints a table and writes benchmarks/results/latency.json (per-run times, medians,
 load average, machine).
@@ -88,6 +95,38 @@ def bench(name: str, runs: int, warmup: int, threads: int, check: bool) -> dict:
     }
 
 
+def bench_litert(name: str, runs: int, warmup: int, threads: int) -> dict:
+    """The zoo model quantized at 224: LiteRT (xnnpack, builtin) and qlower's cpu backend, alternating."""
+    import qlower
+    from qlower.api import lower_graph
+
+    _, zoo_name, _ = MODELS[name]
+    model, example, cfg, calibration = zoo.get(zoo_name)
+    progs = {f"litert {k}": qlower.compile(model, example, target="litert", quant=cfg, calibration=calibration,
+                                           progress=False, backend_options={"kernels": k, "threads": threads})
+             for k in ("xnnpack", "builtin")}
+    progs["cpu"] = lower_graph(progs["litert xnnpack"].source, "cpu", threads=threads)
+    x = example[0].numpy()
+    times: dict[str, list[float]] = {k: [] for k in progs}
+    for _ in range(warmup):
+        for p in progs.values():
+            p.run(x)
+    for _ in range(runs):
+        for k, p in progs.items():
+            times[k].append(_time(lambda p=p: p.run(x)))
+    rows = {}
+    for k, p in progs.items():
+        want, got = run_graph(p.source, [x])[0], p.run(x)[0]
+        step = float(p.source.ops[-1].operands[0].type.quant.scale[0]) if p.source.ops[-1].kind == "dequantize" else 1
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64)) / step
+        rows[k] = {"median_ms": round(statistics.median(times[k]) * 1e3, 3),
+                   "p10_ms": round(np.percentile(times[k], 10) * 1e3, 3),
+                   "p90_ms": round(np.percentile(times[k], 90) * 1e3, 3),
+                   "max_steps_vs_reference": round(float(diff.max()), 3),
+                   "exact_share": round(float(np.mean(diff == 0)), 4)}
+    return {"model": name, "size": 224, "rows": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50)
@@ -95,14 +134,16 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--no-check", dest="check", action="store_false", help="skip the reference comparison")
+    parser.add_argument("--no-litert", dest="litert", action="store_false", help="skip the LiteRT rows")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "latency.json")
     args = parser.parse_args()
 
     load_before = os.getloadavg()[0]
     rows = [bench(m, args.runs, args.warmup, args.threads, args.check) for m in args.models]
+    litert = [bench_litert(m, args.runs, args.warmup, args.threads) for m in args.models] if args.litert else []
     result = {
         "benchmark": "latency", "threads": args.threads, "runs": args.runs, "warmup": args.warmup,
-        "models": rows,
+        "models": rows, "zoo_models": litert,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "native_kernels": native.load() is not None, "int8_gemm": int_mm_exact(),
                     "load_average_1min_before": round(load_before, 2),
@@ -124,6 +165,14 @@ def _print_table(r: dict) -> None:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     for line in (header, *rows):
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
+    if r["zoo_models"]:
+        print("\nzoo models quantized by qlower (224x224, batch 1), same run, alternating:")
+        print(f"{'model':14s} {'runtime':16s} {'median ms':>10s} {'p10-p90':>14s} {'max steps':>10s} {'exact':>8s}")
+        for m in r["zoo_models"]:
+            for k, row in m["rows"].items():
+                print(f"{m['model']:14s} {k:16s} {row['median_ms']:10.2f} "
+                      f"{row['p10_ms']:6.1f}-{row['p90_ms']:<7.1f} {row['max_steps_vs_reference']:10.3f} "
+                      f"{100 * row['exact_share']:7.2f}%")
     mc = r["machine"]
     print(f"threads {r['threads']}, median of {r['runs']} runs after {r['warmup']} warm-up; "
           f"load average {mc['load_average_1min_before']} -> {mc['load_average_1min_after']} on {mc['cpus']} CPUs")
