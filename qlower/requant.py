@@ -66,6 +66,18 @@ def quantize_multiplier(ratio: float | np.ndarray) -> Multiplier:
     return Multiplier(mult, shift)
 
 
+def _checked_scale(value, multiplier, shift) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The three as int64 arrays; raises unless the multiplier is in [0, 2**31) and the shift in [2, 62]."""
+    value = np.asarray(value, dtype=np.int64)
+    multiplier = np.asarray(multiplier, dtype=np.int64)
+    shift = np.asarray(shift, dtype=np.int64)
+    if np.any(multiplier < 0) or np.any(multiplier >= 2**31):
+        raise RequantRangeError(f"rescale multiplier must be in [0, 2**31), got {multiplier}")
+    if np.any(shift < MIN_SHIFT) or np.any(shift > MAX_SHIFT):
+        raise RequantRangeError(f"rescale shift must be in [{MIN_SHIFT}, {MAX_SHIFT}], got {shift}")
+    return value, multiplier, shift
+
+
 def apply_scale_32(value: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,
                    double_round: bool = False) -> np.ndarray:
     """TOSA ``apply_scale_32``: ``(value * multiplier + round) >> shift`` in int64.
@@ -76,13 +88,7 @@ def apply_scale_32(value: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,
     value an int32 in ``[-2**(shift-1), 2**(shift-1))``. Those bounds also keep
     ``value * multiplier + round`` below 2**63, so the int64 arithmetic is exact.
     """
-    value = np.asarray(value, dtype=np.int64)
-    multiplier = np.asarray(multiplier, dtype=np.int64)
-    shift = np.asarray(shift, dtype=np.int64)
-    if np.any(multiplier < 0) or np.any(multiplier >= 2**31):
-        raise RequantRangeError(f"rescale multiplier must be in [0, 2**31), got {multiplier}")
-    if np.any(shift < MIN_SHIFT) or np.any(shift > MAX_SHIFT):
-        raise RequantRangeError(f"rescale shift must be in [{MIN_SHIFT}, {MAX_SHIFT}], got {shift}")
+    value, multiplier, shift = _checked_scale(value, multiplier, shift)
     half = np.left_shift(np.int64(1), shift - 1)
     if np.any(value < np.maximum(-half, -(2**31))) or np.any(value >= np.minimum(half, 2**31)):
         raise RequantRangeError(f"rescale input in [{value.min(initial=0)}, {value.max(initial=0)}] is out of range "
@@ -103,13 +109,7 @@ def apply_scale_high_mul(value: np.ndarray, multiplier: np.ndarray, shift: np.nd
     ``shift - 31`` rounding half up. Raises unless the multiplier is in [0, 2**31), the shift in
     [2, 62] and the left-shifted value an int32 (the kernels' int32 arithmetic would overflow).
     """
-    value = np.asarray(value, dtype=np.int64)
-    multiplier = np.asarray(multiplier, dtype=np.int64)
-    shift = np.asarray(shift, dtype=np.int64)
-    if np.any(multiplier < 0) or np.any(multiplier >= 2**31):
-        raise RequantRangeError(f"rescale multiplier must be in [0, 2**31), got {multiplier}")
-    if np.any(shift < MIN_SHIFT) or np.any(shift > MAX_SHIFT):
-        raise RequantRangeError(f"rescale shift must be in [{MIN_SHIFT}, {MAX_SHIFT}], got {shift}")
+    value, multiplier, shift = _checked_scale(value, multiplier, shift)
     left = np.maximum(31 - shift, 0)
     shifted = np.left_shift(value, left)
     if np.any(shifted < -(2**31)) or np.any(shifted >= 2**31):

@@ -14,6 +14,7 @@ from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
 from qlower import requant
 from qlower.backends.litert.export import export_tflite, unsupported_reason
+from qlower.backends.litert.verify import builtin_counts
 from qlower.errors import UnsupportedOpError
 from qlower.ir import DType, GraphBuilder, Origin, QuantSpec, TensorType, rebuild, verify
 from qlower.reference import run_graph
@@ -81,7 +82,7 @@ def test_fused_gemms_and_activations_match_the_reference():
     g = verify(b.build([fc, mp, mm8]))
     assert_exact(g, [rng.integers(-128, 128, (1, 6, 6, 4)).astype(np.int8)])
     assert export_tflite(g).count(b"CONV") == 0   # names aren't stored: the fused kernels are counted below
-    ops = _builtin_counts(export_tflite(g))
+    ops = builtin_counts(export_tflite(g))
     assert ops["CONV_2D"] == 1 and ops["DEPTHWISE_CONV_2D"] == 1 and ops["FULLY_CONNECTED"] == 1
     assert ops["BATCH_MATMUL"] == 1
 
@@ -97,20 +98,6 @@ def test_a_gemm_whose_scales_give_another_multiplier_is_refused_not_approximated
     g = verify(b.build([b.op("rescale", c, out=QuantSpec.per_tensor(1 / 11, 0))]))
     with pytest.raises(UnsupportedOpError, match=r"conv2d producing %conv at .*model.py:12.*multiplier"):
         export_tflite(g)
-
-
-def _builtin_counts(model: bytes) -> dict[str, int]:
-    import tflite
-    from tflite.BuiltinOperator import BuiltinOperator
-
-    names = {v: k for k, v in vars(BuiltinOperator).items() if not k.startswith("_")}
-    m = tflite.Model.GetRootAsModel(model, 0)
-    sg = m.Subgraphs(0)
-    counts: dict[str, int] = {}
-    for i in range(sg.OperatorsLength()):
-        name = names[m.OperatorCodes(sg.Operators(i).OpcodeIndex()).BuiltinCode()]
-        counts[name] = counts.get(name, 0) + 1
-    return counts
 
 
 @pytest.mark.parametrize("ratio,in_dtype,out_dtype", [

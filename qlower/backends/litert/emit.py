@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 
 import flatbuffers
 import numpy as np
-import tflite
 from tflite.BuiltinOperator import BuiltinOperator as Op
 from tflite.BuiltinOptions import BuiltinOptions
 
-from qlower.backends.litert.flatbuffer import TFLITE_TYPES, ModelWriter, Quant
-from qlower.ir import QuantSpec, TensorType
+from qlower.backends.litert.flatbuffer import TFLITE_TYPES, ModelWriter, Quant, table
+from qlower.ir import TensorType
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 FLOAT_EXACT = 2**24   # integers below this are exact in float32
@@ -38,10 +37,7 @@ class NotExact(Exception):
 def options(name: str, **fields: int) -> Callable[[flatbuffers.Builder], tuple[int, int]]:
     """Builder of the ``{name}`` options table (e.g. ``Conv2DOptions``) with CamelCase ``fields``."""
     def build(b: flatbuffers.Builder) -> tuple[int, int]:
-        getattr(tflite, f"{name}Start")(b)
-        for key, value in fields.items():
-            getattr(tflite, f"{name}Add{key}")(b, value)
-        return getattr(BuiltinOptions, name), getattr(tflite, f"{name}End")(b)
+        return getattr(BuiltinOptions, name), table(b, name, **fields)
     return build
 
 
@@ -52,11 +48,6 @@ def tflite_quant(t: TensorType) -> Quant | None:
         return None
     return Quant(tuple(float(np.float32(s)) for s in q.scale), tuple(int(z) for z in q.zero_point),
                  q.axis if q.axis is not None else 0)
-
-
-def float32_exact(scales) -> bool:
-    s = np.asarray(scales, dtype=np.float64)
-    return bool(np.all(s.astype(np.float32).astype(np.float64) == s))
 
 
 @dataclass
@@ -255,8 +246,3 @@ def same_multiplier(ratio_real: np.ndarray, ir_multiplier: np.ndarray, ir_shift:
         if q == 0 or not -31 < e <= 30 or q != int(m) or 31 - e != int(s):
             return False
     return True
-
-
-def quant_from_spec(q: QuantSpec) -> Quant:
-    return Quant(tuple(float(np.float32(s)) for s in q.scale), tuple(int(z) for z in q.zero_point),
-                 q.axis if q.axis is not None else 0)

@@ -105,14 +105,9 @@ class ModelWriter:
         subgraphs_vec = _table_vector(b, tflite.ModelStartSubgraphsVector, [subgraph])
         buffers_vec = _table_vector(b, tflite.ModelStartBuffersVector, buffers)
         metadata_vec = _table_vector(b, tflite.ModelStartMetadataVector, metadata)
-        tflite.ModelStart(b)
-        tflite.ModelAddVersion(b, SCHEMA_VERSION)
-        tflite.ModelAddOperatorCodes(b, codes_vec)
-        tflite.ModelAddSubgraphs(b, subgraphs_vec)
-        tflite.ModelAddDescription(b, desc)
-        tflite.ModelAddBuffers(b, buffers_vec)
-        tflite.ModelAddMetadata(b, metadata_vec)
-        b.Finish(tflite.ModelEnd(b), file_identifier=b"TFL3")
+        model = table(b, "Model", Version=SCHEMA_VERSION, OperatorCodes=codes_vec, Subgraphs=subgraphs_vec,
+                       Description=desc, Buffers=buffers_vec, Metadata=metadata_vec)
+        b.Finish(model, file_identifier=b"TFL3")
         return bytes(b.Output())
 
     @staticmethod
@@ -179,13 +174,8 @@ class ModelWriter:
         outputs_vec = _int_vector(b, tflite.SubGraphStartOutputsVector, outputs)
         ops_vec = _table_vector(b, tflite.SubGraphStartOperatorsVector, operators)
         name = b.CreateString("main")
-        tflite.SubGraphStart(b)
-        tflite.SubGraphAddTensors(b, tensors_vec)
-        tflite.SubGraphAddInputs(b, inputs_vec)
-        tflite.SubGraphAddOutputs(b, outputs_vec)
-        tflite.SubGraphAddOperators(b, ops_vec)
-        tflite.SubGraphAddName(b, name)
-        return tflite.SubGraphEnd(b)
+        return table(b, "SubGraph", Tensors=tensors_vec, Inputs=inputs_vec, Outputs=outputs_vec,
+                      Operators=ops_vec, Name=name)
 
     @staticmethod
     def _opcode(b: flatbuffers.Builder, code: int) -> int:
@@ -203,6 +193,14 @@ class ModelWriter:
         tflite.MetadataAddName(b, name)
         tflite.MetadataAddBuffer(b, buffer)
         return tflite.MetadataEnd(b)
+
+
+def table(b: flatbuffers.Builder, name: str, **fields: int) -> int:
+    """A ``name`` table (e.g. ``SubGraph``) with the given fields, through the generated ``{name}Add{Field}``."""
+    getattr(tflite, f"{name}Start")(b)
+    for key, value in fields.items():
+        getattr(tflite, f"{name}Add{key}")(b, value)
+    return getattr(tflite, f"{name}End")(b)
 
 
 def _int_vector(b: flatbuffers.Builder, start: Callable, values: Sequence[int]) -> int:
