@@ -91,3 +91,15 @@ def test_dynamic_scenario_runs_on_litert_and_refuses_a_whole_tflite(tmp_path: Pa
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=0)
     with pytest.raises(UnsupportedOpError, match="dynamic_quantize"):
         prog.export(tmp_path / "s0.tflite", format="tflite")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mobilenet_v2", "s4_attention", "unet_tiny", "timm_vit_tiny"])
+def test_builtin_kernels_are_bit_exact_too(name):
+    """LiteRT's optimized builtin kernels, with the rounding the program gets for them."""
+    size, model, example, cfg, calibration = _get(name)
+    prog = qlower.compile(model, example, target="litert", quant=cfg, calibration=calibration, progress=False,
+                          backend_options={"kernels": "builtin"})
+    inputs = numpy_inputs(example)
+    for w, g in zip(run_graph(prog.source, inputs), prog.run(*inputs)):
+        np.testing.assert_array_equal(g, w)
