@@ -60,6 +60,20 @@ def test_whole_graph_is_one_litert_partition(programs):
     meta = prog.partitions[0].payload.meta
     assert meta["kernels"] == "reference" and "bit-exact" in meta["exactness"]
     assert meta["tflite_ops"]["CONV_2D"] == 1 and meta["tflite_ops"]["DEPTHWISE_CONV_2D"] == 1
+    assert _int8_adds(prog.partitions[0].payload.blobs["model.tflite"]) == 1, "the residual add: TFLite's ADD"
+
+
+def _int8_adds(model: bytes) -> int:
+    """ADD operators writing int8 tensors (TFLite's quantized ADD kernel)."""
+    import tflite
+    from tflite.BuiltinOperator import BuiltinOperator
+    from tflite.TensorType import TensorType
+
+    m = tflite.Model.GetRootAsModel(model, 0)
+    sg = m.Subgraphs(0)
+    ops = (sg.Operators(i) for i in range(sg.OperatorsLength()))
+    return sum(m.OperatorCodes(op.OpcodeIndex()).BuiltinCode() == BuiltinOperator.ADD
+               and sg.Tensors(op.Outputs(0)).Type() == TensorType.INT8 for op in ops)
 
 
 @pytest.mark.parametrize("kernels", ["reference", "builtin"])

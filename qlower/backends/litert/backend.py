@@ -24,6 +24,7 @@ import numpy as np
 from qlower.backends.base import Backend, Payload, Verdict, check_payload_inputs
 from qlower.backends.litert import rounding
 from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, unsupported_reason
+from qlower.backends.litert.fused_add import add_groups, to_tflite_add
 from qlower.backends.litert.verify import builtin_counts, model_description, verify_tflite
 from qlower.errors import ExecutionError, InputError
 from qlower.ir import Graph, Op
@@ -53,11 +54,13 @@ class LiteRtBackend(Backend):
         self._fused: set[int] = set()
 
     def rewrite(self, graph: Graph, target: str) -> Graph:
-        return rounding.with_kernel_rounding(graph, self.kernels)
+        """Residual adds in TFLite ADD's form, fused requantization with the kernels' rounding."""
+        return rounding.with_kernel_rounding(to_tflite_add(graph), self.kernels)
 
     def prepare(self, graph: Graph) -> None:
-        """Note the GEMMs that fuse with their rescale: only those have a TFLite form."""
+        """Note the ops that fuse into one TFLite kernel: only as a whole do they have a TFLite form."""
         self._fused = {id(op) for pair in fused_pairs(graph).values() for op in pair}
+        self._fused |= {id(op) for g in add_groups(graph).values() for op in (g.out, *g.members)}
 
     def supports(self, op: Op, target: str) -> Verdict:
         if id(op) in self._fused:

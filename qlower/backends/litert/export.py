@@ -30,6 +30,7 @@ from tflite.TensorType import TensorType as TflType
 from qlower import requant
 from qlower.backends.litert import emit
 from qlower.backends.litert.emit import Builder, NotExact, channel_shape, options, tflite_quant
+from qlower.backends.litert.fused_add import AddGroup, add_groups
 from qlower.errors import UnsupportedOpError
 from qlower.ir import DType, Graph, Op, TensorType, Value
 from qlower.reference.pooling import pool_counts, reciprocal_scale
@@ -55,6 +56,8 @@ class _Export:
         self.users = graph.users()
         self.producers = graph.producers()
         self.outputs = set(graph.outputs)
+        self.adds = add_groups(graph)
+        self.in_add = {id(m) for g in self.adds.values() for m in g.members}
 
     # -- tensors of IR values -----------------------------------------------------------------
     def value(self, v: Value) -> int:
@@ -95,8 +98,8 @@ class _Export:
             self.bind(v, t)
             inputs.append(t)
         for op in self.graph.ops:
-            if op.kind == "constant":
-                continue
+            if op.kind == "constant" or id(op) in self.in_add:
+                continue   # constants are written where they are read; an add group by its output rescale
             if op.kind in GEMMS and all(self.fused_gemm(u) is op for u in self.users.get(op.result, [])) \
                     and self.users.get(op.result) and op.result not in self.outputs:
                 continue   # emitted by the rescale that reads it
@@ -233,6 +236,19 @@ def _emit_fused(ex: _Export, gemm: Op, rescale: Op) -> None:
     ex.bind(rescale.result, out)
 
 
+def _emit_add(ex: _Export, group: AddGroup) -> None:
+    """One int8 ADD for a group in TFLite ADD's form (fused_add.py), with its activation clamp."""
+    out = group.out
+    out_spec, t = out.attrs["out"], out.result.type
+    act, covered = _activation(out_spec, t)
+    name = out.result.name if covered else f"{out.result.name}/sum"
+    y = ex.b.op(B.ADD, [ex.value(x) for x in group.operands], name, t.shape, "int8", tflite_quant(t),
+                options("AddOptions", FusedActivationFunction=act))
+    if not covered:
+        y = ex.b.clamp(y, np.int8(out_spec.qmin), np.int8(out_spec.qmax), out.result.name, tflite_quant(t))
+    ex.bind(out.result, y)
+
+
 def _pad(ex: _Export, t: int, v: Value, pad, value: int, name: str) -> int:
     """PADV2 of an NHWC tensor by (top, bottom, left, right) with ``value`` codes."""
     pt, pb, pl, pr = pad
@@ -254,6 +270,8 @@ def _rescale(ex: _Export, op: Op) -> None:
     gemm = ex.fused_gemm(op)
     if gemm is not None:
         return _emit_fused(ex, gemm, op)
+    if id(op) in ex.adds:
+        return _emit_add(ex, ex.adds[id(op)])
     src, out = op.operands[0].type.quant, op.attrs["out"]
     mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])
     in_dtype = op.operands[0].type.dtype
