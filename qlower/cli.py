@@ -83,7 +83,13 @@ def cmd_compile(args) -> int:
                           verify_passes=args.verify_passes, backend_options=_options(args.option))
     print(prog.explain())
     if args.output and args.format == "tflite":
-        print(f"wrote {prog.export(args.output, format='tflite')} (TFLite, for LiteRT)")
+        from qlower.backends.litert.rounding import exact_kernels
+
+        exact = exact_kernels(prog.source)
+        where = (f"bit-exact with the reference interpreter under LiteRT's {' and '.join(exact)} kernels" if exact
+                 else "its requantization rounds as no LiteRT kernels are guaranteed to: compile with --target "
+                      "litert (--option kernels=...) for a file LiteRT reproduces exactly")
+        print(f"wrote {prog.export(args.output, format='tflite')} (TFLite, for LiteRT); {where}")
     elif args.output:
         prog.save(args.output)
         print(f"wrote {args.output}")
