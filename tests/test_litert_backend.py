@@ -189,3 +189,19 @@ def test_verify_compares_every_layer_inside_the_partition():
     assert report.ok
     text = report.table()
     assert "litert" in text
+
+
+def test_cli_format_errors_are_usage_errors(capsys):
+    from qlower import cli
+
+    assert cli.main(["compile", "zoo:tiny_cnn", "--size", "16", "--target", "litert", "--format", "tflite"]) == 2
+    assert "--format tflite needs -o" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["compile", "zoo:tiny_cnn", "--format", "onnx", "-o", "x.onnx"])
+    assert e.value.code == 2
+
+
+def test_export_refuses_an_unknown_format(programs, tmp_path):
+    with pytest.raises(ValueError, match="formats: tflite"):
+        programs["reference"].export(tmp_path / "m.onnx", format="onnx")
+    assert not (tmp_path / "m.onnx").exists()
