@@ -328,3 +328,27 @@ def test_each_kernel_family_is_exact_with_its_rounding_only(kernels, resolver):
         if KERNEL_ROUNDING[other] != KERNEL_ROUNDING[kernels]:
             theirs = with_kernel_rounding(g, other)
             assert any(np.any(o != w) for w, o in zip(run_graph(theirs, [data]), got)), other
+
+
+def test_padding_that_is_tflite_same_is_written_as_same_and_stays_exact():
+    """Stride-1 3x3 conv and depthwise conv with pad 1, and a 3x3 max pool with pad 1: TFLite's SAME
+    padding (no PADV2); a stride-2 pad-1 conv on an even size is not SAME (TFLite pads 0 before, 1 after)."""
+    rng = np.random.default_rng(RNG_SEED)
+    b = GraphBuilder("same")
+    q_in = QuantSpec.per_tensor(f32(0.05)[0], -9)
+    x = b.input("x", TensorType((1, 8, 8, 4), DType.INT8, q_in))
+    wq = QuantSpec.per_channel(f32(np.linspace(0.01, 0.02, 4)), axis=0, qmin=-127, qmax=127)
+    c = b.op("conv2d", x, b.constant(rng.integers(-127, 128, (4, 3, 3, 4)).astype(np.int8), wq), None,
+             pad=(1, 1, 1, 1))
+    y = b.op("rescale", c, out=QuantSpec.per_tensor(f32(0.1)[0], 3), rounding="double")
+    d = b.op("conv2d", y, b.constant(rng.integers(-127, 128, (4, 3, 3, 1)).astype(np.int8), wq), None, groups=4,
+             pad=(1, 1, 1, 1))
+    z = b.op("rescale", d, out=QuantSpec.per_tensor(f32(0.2)[0], -1), rounding="double")
+    mp = b.op("max_pool2d", z, kernel=(3, 3), stride=(1, 1), pad=(1, 1, 1, 1))
+    s2 = b.op("conv2d", mp, b.constant(rng.integers(-127, 128, (4, 3, 3, 4)).astype(np.int8), wq), None,
+              stride=(2, 2), pad=(1, 1, 1, 1))
+    out = b.op("rescale", s2, out=QuantSpec.per_tensor(f32(0.3)[0], 0), rounding="double")
+    g = verify(b.build([mp, out]))
+    model = export_tflite(g)
+    assert builtin_counts(model)["PADV2"] == 1   # only the stride-2 conv's
+    assert_exact(g, [rng.integers(-128, 128, (1, 8, 8, 4)).astype(np.int8)])

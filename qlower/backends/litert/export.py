@@ -199,22 +199,23 @@ def _emit_fused(ex: _Export, gemm: Op, rescale: Op) -> None:
             raise NotExact("TFLite's fused kernels need constant weights")
         if gemm.kind == "conv2d":
             (sh, sw), (dh, dw), pad = gemm.attrs["stride"], gemm.attrs["dilation"], gemm.attrs["pad"]
-            if any(pad):
-                x = _pad(ex, x, gemm.operands[0], pad, xq.zero_point[0], f"{gemm.result.name}/pad")
-                inputs[0] = x
+            kh, kw = wv.type.shape[1:3]
+            x, padding = _padded(ex, x, gemm.operands[0], pad, ((kh - 1) * dh + 1, (kw - 1) * dw + 1), (sh, sw),
+                                 xq.zero_point[0], f"{gemm.result.name}/pad")
+            inputs[0] = x
             if _depthwise(gemm):
                 c = gemm.operands[0].type.shape[3]
                 data = np.transpose(wdata, (3, 1, 2, 0))          # OHW1 -> 1HWO
                 w = b.const(wv.name, data, "int8", emit.Quant(tuple(map(float, np.float32(wq.scale))),
                                                               tuple(wq.zero_point), 3))
                 code = B.DEPTHWISE_CONV_2D
-                opts = options("DepthwiseConv2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
+                opts = options("DepthwiseConv2DOptions", Padding=padding, StrideW=sw, StrideH=sh,
                                DepthMultiplier=wdata.shape[0] // c, FusedActivationFunction=act,
                                DilationWFactor=dw, DilationHFactor=dh)
             else:
                 w = b.const(wv.name, wdata, "int8", tflite_quant(wv.type))
                 code = B.CONV_2D
-                opts = options("Conv2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
+                opts = options("Conv2DOptions", Padding=padding, StrideW=sw, StrideH=sh,
                                FusedActivationFunction=act, DilationWFactor=dw, DilationHFactor=dh)
         else:
             w = b.const(wv.name, wdata, "int8", tflite_quant(wv.type))
@@ -247,6 +248,24 @@ def _emit_add(ex: _Export, group: AddGroup) -> None:
     if not covered:
         y = ex.b.clamp(y, np.int8(out_spec.qmin), np.int8(out_spec.qmax), out.result.name, tflite_quant(t))
     ex.bind(out.result, y)
+
+
+def _same_pads(size: int, k: int, stride: int) -> tuple[int, int]:
+    """TFLite's SAME padding (before, after) of one spatial axis (``k`` the dilated window)."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + k - size, 0)
+    return total // 2, total - total // 2
+
+
+def _padded(ex: _Export, t: int, v: Value, pad, kernel, stride, value, name: str, same_ok: bool = True):
+    """``t`` and the TFLite padding for a window op with explicit IR ``pad`` (top, bottom, left, right):
+    VALID when there is none, SAME when it is exactly TFLite's, else an explicit PADV2 and VALID."""
+    if not any(pad):
+        return t, Padding.VALID
+    _, h, w, _ = v.type.shape
+    if same_ok and tuple(pad) == _same_pads(h, kernel[0], stride[0]) + _same_pads(w, kernel[1], stride[1]):
+        return t, Padding.SAME
+    return _pad(ex, t, v, pad, value, name), Padding.VALID
 
 
 def _pad(ex: _Export, t: int, v: Value, pad, value: int, name: str) -> int:
@@ -462,12 +481,13 @@ def _gather_table(ex: _Export, op: Op, table: np.ndarray, offset: int) -> None:
 
 def _max_pool(ex: _Export, op: Op) -> None:
     (kh, kw), (sh, sw), pad = op.attrs["kernel"], op.attrs["stride"], op.attrs["pad"]
-    x = ex.value(op.operands[0])
     t = op.operands[0].type
-    if any(pad):
-        low = t.dtype.min if t.dtype.is_integer else np.finfo(np.float32).min
-        x = _pad(ex, x, op.operands[0], pad, low, f"{op.result.name}/pad")
-    ex.result(op, B.MAX_POOL_2D, [x], options("Pool2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
+    low = t.dtype.min if t.dtype.is_integer else np.finfo(np.float32).min
+    # TFLite's SAME max pool skips padding taps, as padding with the lowest code does (integers only:
+    # a float window of -inf taps would give the lowest float32 in the reference)
+    x, padding = _padded(ex, ex.value(op.operands[0]), op.operands[0], pad, (kh, kw), (sh, sw), low,
+                         f"{op.result.name}/pad", same_ok=t.dtype.is_integer)
+    ex.result(op, B.MAX_POOL_2D, [x], options("Pool2DOptions", Padding=padding, StrideW=sw, StrideH=sh,
                                               FilterWidth=kw, FilterHeight=kh))
 
 
