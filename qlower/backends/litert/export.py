@@ -103,11 +103,8 @@ class _Export:
             if op.kind in GEMMS and all(self.fused_gemm(u) is op for u in self.users.get(op.result, [])) \
                     and self.users.get(op.result) and op.result not in self.outputs:
                 continue   # emitted by the rescale that reads it
-            emitter = _EMITTERS.get(op.kind)
-            if emitter is None:
-                raise _unsupported(op, f"{op.kind} has no TFLite builtin form in qlower's exporter")
             try:
-                emitter(self, op)
+                self.emit(op)
             except NotExact as e:
                 raise _unsupported(op, str(e)) from None
         outputs = []
@@ -118,6 +115,13 @@ class _Export:
                 t = self._reshape(t, v.shape, f"{v.name}/out", tflite_quant(v.type))
             outputs.append(t)
         return self.b.writer.finish(inputs, outputs)
+
+    def emit(self, op: Op) -> None:
+        """Write ``op`` (NotExact says why it has no exact TFLite form)."""
+        emitter = _EMITTERS.get(op.kind)
+        if emitter is None:
+            raise NotExact(f"{op.kind} has no TFLite builtin form in qlower's exporter")
+        emitter(self, op)
 
     def _reshape(self, t: int, shape, name: str, quant=None) -> int:
         new_shape = self.b.const(f"{name}/shape", np.asarray(shape, dtype=np.int32), "int32")
@@ -592,14 +596,14 @@ def unsupported_reason(op: Op, graph: Graph | None = None) -> str | None:
         ex = _Export(graph, "")
         return None if any(ex.fused_gemm(u) is op for u in ex.users.get(op.result, [])) \
             else f"its int32 accumulator doesn't fuse ({_fusion_reason(ex, op)})"
+    probe = _Export(Graph(inputs=tuple(dict.fromkeys(op.input_values())), ops=(op,), outputs=op.results,
+                          name="probe"), "")
     try:
-        one = Graph(inputs=tuple(dict.fromkeys(op.input_values())), ops=(op,), outputs=op.results,
-                    name="probe")
-        _Export(one, "").run()
-    except (UnsupportedOpError, NotExact) as e:
-        return str(e).split(": ", 1)[-1]
-    except Exception as e:  # noqa: BLE001  (a probe: any failure means "not exportable")
-        return f"{type(e).__name__}: {e}"
+        for v in probe.graph.inputs:
+            probe.bind(v, probe.b.tensor(v.name, v.shape, _tfl_dtype(v.type), tflite_quant(v.type)))
+        probe.emit(op)
+    except NotExact as e:
+        return str(e)
     return None
 
 
