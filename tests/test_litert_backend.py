@@ -86,6 +86,8 @@ def test_reference_and_builtin_kernels_are_bit_exact(programs, kernels):
 def test_xnnpack_differs_by_at_most_one_step_and_says_so(programs):
     prog = programs["xnnpack"]
     assert "XNNPACK" in prog.partitions[0].payload.meta["exactness"]
+    assert "XNNPACK" in prog.partitions[0].payload.meta["execution"]   # what `qlower run` prints as a note
+    assert "execution" not in programs["reference"].partitions[0].payload.meta
     step = float(prog.source.ops[-1].operands[0].type.quant.scale[0])   # the output's dequantize
     assert prog.source.ops[-1].kind == "dequantize"
     worst = max(np.abs(prog.run(x)[0] - run_graph(prog.source, [x])[0]).max() for x in _inputs()) / step

@@ -82,7 +82,9 @@ class LiteRtBackend(Backend):
             tensor_map={n: n for n in sorted(names)} if trace else {},
             meta={"kernels": self.kernels, "threads": self.threads, "exactness": _EXACTNESS[self.kernels],
                   "tflite_ops": builtin_counts(model), "tflite_bytes": len(model),
-                  "exact_kernels": rounding.exact_kernels(subgraph)},
+                  "exact_kernels": rounding.exact_kernels(subgraph),
+                  # as Ethos-U says its execution is simulated: `qlower run` prints it
+                  **({"execution": _EXACTNESS[self.kernels]} if self.kernels not in rounding.GUARANTEED else {})},
         )
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
