@@ -352,3 +352,23 @@ def test_padding_that_is_tflite_same_is_written_as_same_and_stays_exact():
     model = export_tflite(g)
     assert builtin_counts(model)["PADV2"] == 1   # only the stride-2 conv's
     assert_exact(g, [rng.integers(-128, 128, (1, 8, 8, 4)).astype(np.int8)])
+
+
+def test_a_rescale_of_a_proven_narrow_int32_range_is_one_table_lookup():
+    """A global average pool's sum spans 255 * N integers: its rescale is a GATHER from the reference's
+    numbers (no 64-bit arithmetic, which XNNPACK can't delegate and Vela's TFLite reader crashes on)."""
+    rng = np.random.default_rng(RNG_SEED)
+    b = GraphBuilder("pool_sum")
+    q = QuantSpec.per_tensor(f32(0.04)[0], -6)
+    x = b.input("x", TensorType((1, 7, 7, 16), DType.INT8, q))
+    wide = b.op("rescale", x, out=QuantSpec.per_tensor(q.scale[0], 0, I32))
+    s = b.op("reduce_sum", b.op("reduce_sum", wide, axis=1), axis=2)
+    mean = b.op("mul", s, b.constant(np.ones((1, 1, 1, 1), np.int32), QuantSpec.per_tensor(1 / 49, 0, I32)))
+    y = b.op("rescale", mean, out=QuantSpec.per_tensor(f32(0.03)[0], 2))
+    g = verify(b.build([y]))
+    model = export_tflite(g)
+    counts = builtin_counts(model)
+    assert "FLOOR_MOD" not in counts and counts["GATHER"] == 2
+    data = rng.integers(-128, 128, (1, 7, 7, 16)).astype(np.int8)
+    data[0, :, :, 0], data[0, :, :, 1] = -128, 127     # the ends of the proven range
+    assert_exact(g, [data])

@@ -31,6 +31,7 @@ from qlower import requant
 from qlower.backends.litert import emit
 from qlower.backends.litert.emit import Builder, NotExact, channel_shape, options, tflite_quant
 from qlower.backends.litert.fused_add import AddGroup, add_groups
+from qlower.backends.litert.ranges import CodeRanges, table_span
 from qlower.errors import UnsupportedOpError
 from qlower.ir import DType, Graph, Op, TensorType, Value
 from qlower.reference.pooling import pool_counts, reciprocal_scale
@@ -57,6 +58,7 @@ class _Export:
         self.producers = graph.producers()
         self.outputs = set(graph.outputs)
         self.adds = add_groups(graph)
+        self.ranges = CodeRanges(graph)
         self.in_add = {id(m) for g in self.adds.values() for m in g.members}
 
     # -- tensors of IR values -----------------------------------------------------------------
@@ -304,6 +306,13 @@ def _rescale(ex: _Export, op: Op) -> None:
         table = requant.rescale(codes, np.asarray(src.zero_point), out.zero_point[0], mult, out.qmin, out.qmax,
                                 rounding=op.attrs["rounding"])
         return _gather_table(ex, op, table, -in_dtype.min)
+    lo, hi = ex.ranges.of(op.operands[0])
+    if not src.is_per_channel and table_span(lo, hi):
+        # int32 values proven to span few integers (e.g. a pool's sum): the same GATHER, no 64-bit arithmetic
+        codes = np.arange(lo, hi + 1, dtype=np.int64)
+        table = requant.rescale(codes, np.asarray(src.zero_point), out.zero_point[0], mult, out.qmin, out.qmax,
+                                rounding=op.attrs["rounding"])
+        return _gather_table(ex, op, table, -lo, (lo, hi))
     if op.attrs["rounding"] not in ("single", "double"):
         raise NotExact(f"a {op.attrs['rounding']} rescale of int32 codes exists only inside a fused TFLite GEMM")
     rank = op.result.type.rank
@@ -469,14 +478,16 @@ def _table(ex: _Export, op: Op) -> None:
     _gather_table(ex, op, op.attrs["table"], op.attrs["offset"])
 
 
-def _gather_table(ex: _Export, op: Op, table: np.ndarray, offset: int) -> None:
-    """``op``'s result as ``table[clip(x + offset)]``: a GATHER from the constant table."""
+def _gather_table(ex: _Export, op: Op, table: np.ndarray, offset: int, proven: tuple[int, int] | None = None) -> None:
+    """``op``'s result as ``table[clip(x + offset)]``: a GATHER from the constant table (no clip where the
+    input is ``proven`` to stay within the table)."""
     b, name = ex.b, op.result.name
     idx = ex.plain(op.operands[0])
     if offset:
         idx = b.binary_const(B.ADD, idx, np.int32(offset), f"{name}/index")
     dt = op.operands[0].type.dtype
-    if dt.min + offset < 0 or dt.max + offset >= table.size:   # codes beyond the declared range read the ends
+    lo, hi = proven or (dt.min, dt.max)
+    if lo + offset < 0 or hi + offset >= table.size:   # codes beyond the declared range read the ends
         idx = b.clamp(idx, np.int32(0), np.int32(table.size - 1), f"{name}/inside")
     dtype = _tfl_dtype(op.result.type)
     tab = b.const(f"{name}/table", np.asarray(table).astype(dtype), dtype, tflite_quant(op.result.type))
