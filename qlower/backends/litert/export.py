@@ -299,16 +299,10 @@ def _rescale(ex: _Export, op: Op) -> None:
         return _emit_add(ex, ex.adds[id(op)])
     src, out = op.operands[0].type.quant, op.attrs["out"]
     mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])
-    in_dtype = op.operands[0].type.dtype
-    if in_dtype in (DType.INT8, DType.UINT8, DType.INT16) and not src.is_per_channel:
-        # a function of at most 2**16 codes: one GATHER from its table (the reference's own numbers)
-        codes = np.arange(in_dtype.min, in_dtype.max + 1, dtype=np.int64)
-        table = requant.rescale(codes, np.asarray(src.zero_point), out.zero_point[0], mult, out.qmin, out.qmax,
-                                rounding=op.attrs["rounding"])
-        return _gather_table(ex, op, table, -in_dtype.min)
     lo, hi = ex.ranges.of(op.operands[0])
     if not src.is_per_channel and table_span(lo, hi):
-        # int32 values proven to span few integers (e.g. a pool's sum): the same GATHER, no 64-bit arithmetic
+        # a function of at most 2**16 integers (int8/int16 codes, a pool's sum): one GATHER from the
+        # reference's own numbers, no 64-bit arithmetic
         codes = np.arange(lo, hi + 1, dtype=np.int64)
         table = requant.rescale(codes, np.asarray(src.zero_point), out.zero_point[0], mult, out.qmin, out.qmax,
                                 rounding=op.attrs["rounding"])
