@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/coverage.py
 	$(BIN)/python benchmarks/litert_exactness.py
 	$(BIN)/python benchmarks/vela_tflite.py
+	$(BIN)/python benchmarks/tosa_execution.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

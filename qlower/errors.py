@@ -37,3 +37,16 @@ class InputError(QlowerError):
 
 class ExecutionError(QlowerError):
     """A backend executor failed while running a compiled partition."""
+
+
+class ConfigError(QlowerError, ValueError):
+    """An argument, option or setting has a value qlower does not accept (the message names
+    the argument and what is accepted). Also a ValueError, as such errors were before."""
+
+
+class UnknownTargetError(ConfigError):
+    """A target name that no backend compiles for (the message lists the known ones)."""
+
+
+class SaveError(QlowerError, OSError):
+    """A program or model file could not be written; the file that was there is left intact."""

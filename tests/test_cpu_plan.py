@@ -57,11 +57,34 @@ def test_outputs_are_private_copies():
         np.testing.assert_array_equal(g, e)
 
 
-def test_run_traced_has_every_value():
+def test_run_traced_has_every_value_op_by_op():
     graph = small_graph()
     plan = prepare(graph)
-    traced = plan.run_traced(random_inputs(graph, 2))
+    traced = plan.run_traced(random_inputs(graph, 2), each_op=True)
     assert set(traced) == {v.name for v in graph.values()}
+
+
+def test_run_traced_runs_the_fused_steps_that_run_runs():
+    """Verification must measure what ``run`` executes: the fused kernels, whose inner values
+    never exist (so they are absent from the trace), not the op-by-op kernels."""
+    graph = small_graph()
+    plan = prepare(graph)
+    assert plan.fused, "the sample graph must have a fused chain for this test to mean anything"
+    inputs = random_inputs(graph, 2)
+    calls = []
+    for i, step in enumerate(plan._fused_steps):
+        def spy(*args, _kernel=step.kernel, _i=i):
+            calls.append(_i)
+            return _kernel(*args)
+        plan._fused_steps[i] = dataclasses.replace(step, kernel=spy)
+    traced = plan.run_traced(inputs)
+    assert calls == list(range(len(plan._fused_steps)))
+    inner = {v.name for g in plan._fused_steps if len(g.ops) > 1 for op in g.ops[:-1] for v in op.results}
+    assert inner and not inner & set(traced)
+    _, env = run_graph(graph, inputs, keep_all=True)
+    for v, expected in env.items():
+        if v.name in traced:
+            np.testing.assert_array_equal(traced[v.name], expected)
 
 
 def test_threads_apply_to_the_run_only():

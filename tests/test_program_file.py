@@ -33,7 +33,7 @@ PROGRAMS = sample_programs()
 HEAD = struct.Struct("<8sIQ32s")
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def blob_target(monkeypatch):
     """Make BLOB_TARGET known to the backend registry for this test only."""
     monkeypatch.setitem(registry._NPU_TARGETS, BLOB_TARGET, ("qlower.testing.programs", "BlobBackend"))
@@ -427,9 +427,14 @@ def test_partition_and_decision_references_are_checked():
     last = PROGRAMS["partitioned"].partitions[-1].name
     _expect(_edit(PART, lambda h: h["partitions"].pop()), f"calls partition '{last}', which the file doesn't contain")
 
-    def wrong_boundary(h):
+    def wrong_payload_boundary(h):
         h["partitions"][0]["payload"]["output_types"][0]["quant"]["zero_point"] = [5]
-    _expect(_edit(PART, wrong_boundary), "boundary types differ from partition 'p0''s payload types")
+    _expect(_edit(PART, wrong_payload_boundary), "partition 'p0' payload: not the blob backend's lowering")
+
+    def wrong_delegate_boundary(h):
+        delegate = next(op for op in h["host"]["ops"] if op["kind"] == "delegate")
+        delegate["attrs"]["in_types"]["tuple"][0]["type"]["quant"]["zero_point"] = [5]
+    _expect(_edit(PART, wrong_delegate_boundary), "delegate: partition 'p0' reads", "zp=5")
 
     def blob_not_bytes(h):
         h["partitions"][0]["payload"]["blobs"]["graph.qlower"] = _op(h, "source", "k")["attrs"]["data"]["tensor"]

@@ -7,6 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
+import torch
 
 import qlower
 from qlower import zoo
@@ -34,7 +35,10 @@ def test_reference_report_covers_every_layer_within_one_step(tiny):
         assert r.ref_vs_fake_quant is not None, f"{r.value} has no PyTorch counterpart"
         assert r.isolated_vs_fake_quant is not None, f"{r.value} could not be isolated"
         assert r.isolated_vs_fake_quant.max_steps <= 1
-        assert r.target_vs_ref.max_steps == 0
+        # target reference runs the reference interpreter: nothing is compared with itself
+        assert r.target_vs_ref is None
+    assert not report.target_compared and all(o.target_vs_ref is None for o in report.outputs)
+    assert "no other stage to compare it with" in report.table()
     # quantization noise is small: every layer keeps a healthy SQNR against fp32
     assert min(r.ref_vs_fake_quant.sqnr_db for r in report.layers) > 20
 
@@ -79,15 +83,95 @@ def test_a_broken_rescale_lowering_is_caught_at_its_layer(tiny, monkeypatch):
 
     monkeypatch.setitem(tosa_lowering.LOWERINGS, "rescale", flipped_rounding)
     broken = _compile(tiny, "tosa-1.0+int")
-    # many inputs so that some value lands where the two roundings disagree
+    # many inputs so that some value lands where the two roundings disagree: one verify over all
     rng = np.random.default_rng(0)
     shape = tuple(tiny[1][0].shape)
-    reports = [verify_program(broken, [(rng.standard_normal(shape).astype(np.float32) * 2,)]) for _ in range(6)]
-    failing = [r for r in reports if not r.ok]
-    assert failing, "flipping one rescale's rounding went unnoticed"
-    first = next(r for r in failing[0].layers if r.target_vs_ref and r.target_vs_ref.max_steps > 0)
+    inputs = [(rng.standard_normal(shape).astype(np.float32) * 2,) for _ in range(6)]
+    report = verify_program(broken, inputs)
+    assert report.inputs == 6
+    assert not report.ok, "flipping one rescale's rounding went unnoticed"
+    first = next(r for r in report.layers if r.target_vs_ref and r.target_vs_ref.max_steps > 0)
     assert first.value == victim.name or first.op == victim.origin.node
-    assert f"first diverges from the reference at %{first.value}" in failing[0].problems[0]
+    assert f"first diverges from the reference at %{first.value}" in report.problems[0]
+    # each row is the worst case: no single input's report shows more steps than the merged one
+    alone = [verify_program(broken, [x]) for x in inputs]
+    worst = max(next(r for r in a.layers if r.value == first.value).target_vs_ref.max_steps for a in alone)
+    assert first.target_vs_ref.max_steps == worst > 0
+    assert first.target_vs_ref.exact_share == min(next(r for r in a.layers if r.value == first.value)
+                                                  .target_vs_ref.exact_share for a in alone)
+
+
+def test_verify_uses_every_input_tuple(tiny):
+    """qlower.verify(inputs=[...]) runs every tuple: a program wrong only on the second one fails."""
+    model, example, quant, calib = tiny
+    prog = _compile(tiny, "cpu")
+    good = tuple(example)
+    other = (np.full(tuple(example[0].shape), 0.5, np.float32),)
+    runner = prog.runner()
+    original = runner.run
+
+    def wrong_on_other(inputs):
+        outs = original(inputs)
+        if np.array_equal(np.asarray(inputs[0]), other[0]):
+            outs[0] = outs[0] + 1.0
+        return outs
+    runner.run = wrong_on_other
+    assert verify_program(prog, [good]).ok
+    report = verify_program(prog, [good, other])
+    assert not report.ok and report.inputs == 2
+    assert "output 0: cpu is not bit-exact with the reference" in report.problems[-1]
+
+
+def _break_a_host_step(plan, fused: bool):
+    """Make one step of a CPU plan one code off (a fused one, or any step writing int8 codes other
+    than a delegate call); the op-by-op kernels and the reference stay right."""
+    import dataclasses
+
+    i = next(i for i, step in enumerate(plan._fused_steps)
+             if (len(step.ops) > 1 if fused else step.ops[-1].kind != "delegate"
+                 and step.ops[-1].results[0].dtype.itemsize == 1))
+    step = plan._fused_steps[i]
+
+    def off_by_one(*args, _kernel=step.kernel):
+        res = _kernel(*args)
+        res = (res,) if not isinstance(res, tuple) else res
+        return tuple(r if r.is_floating_point() else (r.to(torch.int32) + 1).clamp(-128, 127).to(r.dtype)
+                     for r in res)
+    plan._fused_steps[i] = plan._steps[i] = dataclasses.replace(step, kernel=off_by_one)
+    return step
+
+
+@pytest.mark.parametrize("target", ["cpu", "tosa-1.0+int"])
+def test_verify_measures_the_kernels_that_run_runs(tiny, target):
+    """Per-layer rows of host values come from the plan that ``prog.run`` executes (fused kernels
+    included), never from the reference interpreter or op-by-op kernels: a bug only there is caught
+    at its layer (a cpu fused kernel; a host op around a TOSA partition)."""
+    prog = _compile(tiny, target)
+    plan = prog.runner() if target == "cpu" else prog.runner()._cpu_plan()
+    step = _break_a_host_step(plan, fused=target == "cpu")
+    report = verify_program(prog, [tiny[1]])
+    assert not report.ok
+    broken = step.ops[-1].results[0]
+    rows = [r for r in report.layers if r.target_vs_ref and r.target_vs_ref.max_steps > 0]
+    # the first row off is the broken value's layer (the last int8 value of its PyTorch node)
+    assert rows and rows[0].op == broken.origin.node, (rows[:1], broken)
+
+
+@pytest.mark.parametrize("perm, shape", [((1, 0), (10, 10)), ((2, 0, 1), (6, 6, 6)), ((0, 2, 1), (2, 5, 5)),
+                                         ((1, 0), (4, 9))])
+def test_permutes_are_matched_by_what_computes_them_not_by_shape(perm, shape):
+    """A square permute's result has its input's shape: it must still be compared with the
+    permuted tensor (it used to be matched with the input, 190+ steps apart)."""
+    class Permute(torch.nn.Module):
+        def forward(self, x):
+            return torch.permute(x, perm)
+
+    x = (torch.randn(*shape, generator=torch.Generator().manual_seed(3)),)
+    report = qlower.verify(Permute(), x, target="cpu", progress=False)
+    assert report.ok, report.problems
+    compared = [r for r in report.layers if r.ref_vs_fake_quant is not None]
+    assert compared and all(r.ref_vs_fake_quant.max_steps == 0 for r in compared)
+    assert report.outputs[0].ref_vs_fake_quant.max_steps == 0
 
 
 def test_html_report_renders_in_a_real_browser(tiny, tmp_path):

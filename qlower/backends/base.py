@@ -86,6 +86,16 @@ class Backend(ABC):
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run a payload; inputs and outputs have the payload's boundary types."""
 
+    @abstractmethod
+    def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
+        """Why ``payload``, read from a program file, must not run as the lowering of ``subgraph``;
+        None when it may.
+
+        A file's payload bytes reach native code (reference models, interpreters, drivers) that
+        may crash on bytes it did not expect, and a checksum stops accidents, not forgers. So a
+        backend accepts only what it would emit itself for ``subgraph`` (re-lowering when that is
+        cheap) or what its own validation proves harmless to execute."""
+
     def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
                        tensors: Sequence[str]) -> dict[str, np.ndarray]:
         """Run a payload and also return the named internal tensors (keys of ``tensor_map``).

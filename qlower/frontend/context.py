@@ -189,9 +189,18 @@ class ImportContext:
             raise self.unsupported("per-row dynamically quantized codes can't change layout")
         key = (ref.value, perm)
         if key not in self._placed:
-            origin = replace(ref.value.origin or self.origin_of(self.node), layout=layout.origin_layout(perm))
+            move = layout.transpose_between(ref.perm, perm)
+            source = ref.value.origin
+            if source is not None:
+                # the result is the source node's tensor moved twice: by the source's layout, then by
+                # ``move``; recording that composition (not ``perm``, which is relative to the node
+                # being imported) keeps per-layer comparison matched by computation, not by shape
+                before = source.layout or layout.identity(len(move))
+                origin = replace(source, layout=layout.origin_layout(tuple(before[i] for i in move)))
+            else:
+                origin = replace(self.origin_of(self.node), layout=layout.origin_layout(perm))
             self._placed[key] = self.b.op("transpose", ref.value, name=origin.node or "transpose", origin=origin,
-                                          perm=layout.transpose_between(ref.perm, perm))
+                                          perm=move)
         return self._placed[key]
 
     def as_float(self, ref: Ref, perm: Perm | None = None) -> Value:

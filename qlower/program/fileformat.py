@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -44,7 +45,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from qlower.backends.base import Payload
+from qlower.backends.base import Backend, Payload
 from qlower.errors import InvalidProgramError
 from qlower.ir import Graph, verify
 from qlower.partition import HostDecision, Partition
@@ -67,6 +68,8 @@ MAGIC = b"\x89QLOWER\n"
 FORMAT_VERSION = 1
 _ENVELOPE = struct.Struct("<8sIQ32s")
 _FORMAT_NAME = "qlower-program"
+MAX_TENSOR_BYTES_ENV = "QLOWER_MAX_TENSOR_BYTES"
+DEFAULT_MAX_TENSOR_BYTES = 1 << 30
 _HEADER_FIELDS = ("format", "target", "meta", "tensors", "host", "source", "partitions", "decisions")
 # safetensors dtype -> NumPy dtype (little-endian); the only dtypes a program file holds
 _ST_DTYPES = {"BOOL": "|b1", "U8": "|u1", "I8": "|i1", "I16": "<i2", "I32": "<i4", "I64": "<i8",
@@ -276,19 +279,36 @@ def _dec_payload(x: Any, tensors: TensorReader, where: str) -> Payload:
                    tmap, as_obj(d["meta"], f"{where} meta"))
 
 
+def _payload_backend(payload: Payload, where: str) -> Backend:
+    """The registered backend that runs ``payload``: its target must be a partitioning target
+    and its backend name that target's backend."""
+    from qlower.backends.registry import HOST_TARGETS, backend_for, targets
+
+    if payload.target not in targets() or payload.target in HOST_TARGETS:
+        raise fail(f"{where} payload", f"targets {payload.target[:40]!r}, which no partitioning backend "
+                                       f"compiles for (targets with partitions: "
+                                       f"{', '.join(t for t in targets() if t not in HOST_TARGETS)})")
+    backend = backend_for(payload.target)
+    if backend.name != payload.backend:
+        raise fail(f"{where} payload", f"names backend {payload.backend[:40]!r}, but target "
+                                       f"{payload.target!r} is compiled by {backend.name!r}")
+    return backend
+
+
 def _dec_partition(x: Any, tensors: TensorReader, source_names: set[str], where: str) -> Partition:
     d = as_obj(x, where, ("name", "backend", "target", "values", "subgraph", "payload"))
     name = as_str(d["name"], f"{where} name")
     where = f"partition '{name[:40]}'"
     sub = decode_graph(d["subgraph"], tensors, f"{where} subgraph")
+    _check_tensor_sizes([sub], [f"{where} subgraph"])
     payload = _dec_payload(d["payload"], tensors, f"{where} payload")
     if (len(payload.input_types), len(payload.output_types)) != (len(sub.inputs), len(sub.outputs)):
         raise fail(where, f"its payload has {len(payload.input_types)} inputs and {len(payload.output_types)} "
                           f"outputs, its subgraph {len(sub.inputs)} and {len(sub.outputs)}")
-    if payload.backend == "litert":   # bytes LiteRT's native parser reads: only exactly what qlower writes
-        from qlower.backends.litert.verify import check_loaded_payload
-
-        check_loaded_payload(sub, payload.blobs.get("model.tflite"), payload.meta.get("kernels"), where)
+    # the payload's bytes reach native code: only what its backend vouches for (see Backend.check_loaded)
+    problem = _payload_backend(payload, where).check_loaded(sub, payload)
+    if problem is not None:
+        raise fail(f"{where} payload", problem)
     values = tuple(as_str(v, f"{where} values") for v in as_list(d["values"], f"{where} values"))
     unknown = [v for v in values if v not in source_names]
     if unknown:
@@ -330,6 +350,25 @@ def _dec_meta(x: Any) -> dict[str, Any]:
     return meta
 
 
+def max_tensor_bytes() -> int:
+    """The largest tensor a loaded program may compute (env QLOWER_MAX_TENSOR_BYTES, default 1 GiB)."""
+    raw = os.environ.get(MAX_TENSOR_BYTES_ENV, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_MAX_TENSOR_BYTES
+
+
+def _check_tensor_sizes(graphs: list[Graph], where: list[str]) -> None:
+    """A few hundred bytes of graph can declare a tensor of terabytes (a pad, a broadcast): a
+    loaded program is refused when any value would exceed the limit, before anything runs."""
+    limit = max_tensor_bytes()
+    for g, w in zip(graphs, where):
+        for v in g.values():
+            size = math.prod(v.type.shape) * v.type.dtype.itemsize   # exact: no int64 wrap-around
+            if size > limit:
+                raise fail(w, f"value %{v.name[:40]} ({v.type}) takes {size:,} bytes, more than the "
+                              f"{limit:,} a loaded program may allocate for one tensor; set "
+                              f"{MAX_TENSOR_BYTES_ENV} to raise the limit if the file is trusted")
+
+
 def _decode_program(header: Any, arrays: dict[str, np.ndarray]) -> Program:
     h = as_obj(header, "program header", _HEADER_FIELDS)
     if h["format"] != _FORMAT_NAME:
@@ -338,6 +377,7 @@ def _decode_program(header: Any, arrays: dict[str, np.ndarray]) -> Program:
     tensors = TensorReader(arrays)
     host = decode_graph(h["host"], tensors, "host graph")
     source = host if h["source"] is None else decode_graph(h["source"], tensors, "source graph")
+    _check_tensor_sizes([host, source], ["host graph", "source graph"])
     names = {v.name for v in source.values()}
     partitions = [_dec_partition(p, tensors, names, f"partition #{i}")
                   for i, p in enumerate(as_list(h["partitions"], "partitions"))]

@@ -53,6 +53,10 @@ class Program:
                 from qlower.backends.cpu import prepare
 
                 self._runner = prepare(self.graph, threads=self.meta.get("threads"))
+            elif self.target == "reference":
+                from qlower.runtime.runner import ReferenceRunner
+
+                self._runner = ReferenceRunner(self.graph)
             else:
                 from qlower.runtime.runner import Runner
 

@@ -1,26 +1,46 @@
-"""Running a partitioned program: host ops on a host executor, delegates on their backends."""
+"""Running programs: the reference interpreter for target ``reference``, and for partitioned
+programs host ops on the CPU plan with delegates calling their backends.
+
+A traced run (for per-layer verification) executes exactly what ``run`` executes: the same
+plan, fused kernels included, and the same payloads; it only keeps the values the plan
+materializes and asks each backend for the tensors inside its partition as well.
+"""
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Sequence
 
 import numpy as np
 
 from qlower.backends.base import Backend
-from qlower.errors import ExecutionError
-from qlower.ir import Graph, Value
+from qlower.ir import Graph
 from qlower.partition import Partition
-from qlower.reference import check_inputs, run_op
+from qlower.reference import run_graph
+
+# the partition traces of the traced run under way in this thread (None: a plain run)
+_TRACES: contextvars.ContextVar[dict[str, dict[str, np.ndarray]] | None] = contextvars.ContextVar(
+    "qlower_partition_traces", default=None)
+
+
+class ReferenceRunner:
+    """Target ``reference``: the reference interpreter runs the program (the definition of every
+    op, not a fast twin of it); ``threads`` don't apply."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return run_graph(self.graph, inputs)
+
+    def run_traced(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        _, env = run_graph(self.graph, inputs, keep_all=True)
+        return {v.name: a for v, a in env.items()}
 
 
 class Runner:
-    """Executes a host graph whose ``delegate`` ops call compiled partitions.
-
-    Host ops run on the CPU backend's kernels (bit-exact with the reference; the
-    delegate ops call back into the partitions' backends). A traced run uses the
-    reference interpreter's kernels for host ops and records every value,
-    including those inside partitions, for per-layer verification.
-    """
+    """Executes a host graph whose ``delegate`` ops call compiled partitions: host ops on the CPU
+    backend's kernels (bit-exact with the reference), delegates on the partitions' backends."""
 
     def __init__(self, host: Graph, partitions: Sequence[Partition], backends: dict[str, Backend],
                  threads: int | None = None) -> None:
@@ -32,7 +52,13 @@ class Runner:
 
     def _executor(self, part: Partition):
         backend = self.backends[part.backend]
-        return lambda arrays: backend.execute(part.payload, arrays)
+
+        def execute(arrays: list[np.ndarray]) -> list[np.ndarray]:
+            traces = _TRACES.get()
+            if traces is not None:   # a traced run: also read the tensors inside the partition
+                traces[part.name] = backend.execute_traced(part.payload, arrays, list(part.payload.tensor_map))
+            return backend.execute(part.payload, arrays)
+        return execute
 
     def _cpu_plan(self):
         if self._plan is None:
@@ -42,32 +68,23 @@ class Runner:
                                  delegates={name: self._executor(p) for name, p in self.partitions.items()})
         return self._plan
 
-    def _run_delegate(self, op, env: dict[Value, np.ndarray], traces: dict[str, dict] | None) -> None:
-        part = self.partitions[op.attrs["partition"]]
-        backend = self.backends[part.backend]
-        args = [env[v] for v in op.input_values()]
-        if traces is not None:
-            inner = backend.execute_traced(part.payload, args, list(part.payload.tensor_map))
-            traces[part.name] = inner
-        outs = backend.execute(part.payload, args)
-        if len(outs) != len(op.results):
-            raise ExecutionError(f"partition {part.name} returned {len(outs)} outputs, expected {len(op.results)}")
-        for r, a in zip(op.results, outs):
-            a = np.asarray(a)
-            if a.dtype != r.type.dtype.numpy or tuple(a.shape) != r.shape:
-                raise ExecutionError(f"partition {part.name} wrote {a.dtype}{list(a.shape)} for %{r.name}, "
-                                     f"its boundary type is {r.type}")
-            env[r] = a
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return self._cpu_plan().run(inputs)
 
-    def run(self, inputs: Sequence[np.ndarray], trace: bool = False):
-        if not trace:
-            return self._cpu_plan().run(inputs)
-        env: dict[Value, np.ndarray] = dict(zip(self.host.inputs, check_inputs(self.host, inputs)))
-        traces: dict[str, dict] | None = {} if trace else None
-        for op in self.host.ops:
-            if op.kind == "delegate":
-                self._run_delegate(op, env, traces)
-            else:
-                run_op(op, env)
-        outs = [env[v] for v in self.host.outputs]
-        return (outs, env, traces) if trace else outs
+    def run_traced(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
+        """What ``run`` computes, by value name: every value the host plan materializes (values
+        inside a fused kernel don't exist, so they are absent) and, through each payload's tensor
+        map, the tensors its backend exposes inside the partition."""
+        traces: dict[str, dict[str, np.ndarray]] = {}
+        token = _TRACES.set(traces)
+        try:
+            named = self._cpu_plan().run_traced(inputs)
+        finally:
+            _TRACES.reset(token)
+        for name, inner in traces.items():
+            tensor_map = self.partitions[name].payload.tensor_map
+            for tensor, array in inner.items():
+                value_name = tensor_map.get(tensor)
+                if value_name is not None:
+                    named[value_name] = array
+        return named

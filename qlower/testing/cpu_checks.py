@@ -51,7 +51,7 @@ def assert_cpu_matches_reference(graph: Graph, inputs: Sequence[np.ndarray], con
         for i, (e, g) in enumerate(zip(expected, plan.run(inputs), strict=True)):
             assert_same(e, g, f"output {i} with {cfg}", float_rtol)
         if trace:
-            traced, names = plan.run_traced(inputs), plan.trace_names()
+            traced, names = plan.run_traced(inputs, each_op=True), plan.trace_names()
             for value, e in env.items():
                 assert_same(e, traced[names[value]], f"%{value.name} traced with {cfg}", float_rtol)
         plans.append(plan)

@@ -172,6 +172,9 @@ class BlobBackend(Backend):
                        tensor_map={f"{subgraph.name}/{v.name}": v.name for v in subgraph.outputs},
                        meta={"ops": len(subgraph.ops), "kinds": kinds, "estimate": {"cycles": 1234.5}})
 
+    def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
+        return None if payload == self.lower(subgraph, payload.target) else "not the blob backend's lowering"
+
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         from qlower.program.fileformat import program_from_bytes
         from qlower.reference import run_graph

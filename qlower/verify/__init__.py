@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from qlower.errors import InputError
 from qlower.verify.report import LayerRow, OutputRow, VerificationReport
 from qlower.verify.stages import run_stages
 
@@ -12,5 +13,9 @@ __all__ = ["LayerRow", "OutputRow", "VerificationReport", "run_stages", "verify_
 
 
 def verify_program(program, inputs: Sequence[Sequence[Any]]) -> VerificationReport:
-    """Verify on the first input tuple of ``inputs`` (per-layer), raising nothing: read ``report.ok``."""
-    return run_stages(program, inputs[0])
+    """Verify per layer on every input tuple of ``inputs``; each row is the worst case over them.
+    Raises nothing for a failed check: read ``report.ok``."""
+    inputs = list(inputs)
+    if not inputs:
+        raise InputError("verify needs at least one input tuple in inputs")
+    return VerificationReport.worst_of([run_stages(program, x) for x in inputs])

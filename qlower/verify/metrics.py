@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,6 +19,19 @@ class Comparison:
     exact_share: float      # share of elements with identical codes
     max_abs: float          # max |real difference|
     sqnr_db: float | None   # SQNR of this stage against fp32, when fp32 is known
+
+    @staticmethod
+    def worst(comparisons: list[Comparison | None]) -> Comparison | None:
+        """Each metric at its worst over ``comparisons`` (None when none was made): most steps,
+        least exact share, largest difference, lowest SQNR. NaN steps (no step size) stay NaN."""
+        made = [c for c in comparisons if c is not None]
+        if not made:
+            return None
+        sqnrs = [c.sqnr_db for c in made if c.sqnr_db is not None]
+        steps = [c.max_steps for c in made]
+        return Comparison(float("nan") if any(math.isnan(x) for x in steps) else max(steps),
+                          min(c.exact_share for c in made),
+                          max(c.max_abs for c in made), min(sqnrs) if sqnrs else None)
 
     def as_dict(self) -> dict:
         return {"max_steps": self.max_steps, "exact_share": self.exact_share,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from qlower.verify.metrics import Comparison
 
@@ -38,7 +38,7 @@ class OutputRow:
     index: int
     ref_vs_fp32: Comparison | None
     ref_vs_fake_quant: Comparison | None
-    target_vs_ref: Comparison
+    target_vs_ref: Comparison | None   # None: the target is the reference interpreter itself
     ref_max_abs: float = 0.0  # magnitude of the reference output, for relative bounds
 
     def as_dict(self) -> dict:
@@ -57,6 +57,22 @@ class VerificationReport:
     # ops without an integer rule, run in float on the host: value, op (aten name), source, reason
     float_fallbacks: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    inputs: int = 1   # how many input tuples the rows are the worst case of
+
+    @classmethod
+    def worst_of(cls, reports: list[VerificationReport]) -> VerificationReport:
+        """One report over several input tuples: every comparison is the worst each metric
+        reached on any of them (see ``Comparison.worst``)."""
+        first = reports[0]
+        layers = [replace(rows[0], **{k: Comparison.worst([getattr(r, k) for r in rows])
+                                      for k in ("ref_vs_fake_quant", "target_vs_ref", "isolated_vs_fake_quant")})
+                  for rows in zip(*(r.layers for r in reports), strict=True)]
+        outputs = [replace(rows[0], ref_max_abs=max(r.ref_max_abs for r in rows),
+                           **{k: Comparison.worst([getattr(r, k) for r in rows])
+                              for k in ("ref_vs_fp32", "ref_vs_fake_quant", "target_vs_ref")})
+                   for rows in zip(*(r.outputs for r in reports), strict=True)]
+        return cls(first.target, layers, outputs, first.dynamic, first.partitions, first.placement,
+                   first.float_fallbacks, inputs=sum(r.inputs for r in reports))
 
     def __post_init__(self) -> None:
         self.problems = self._find_problems()
@@ -69,6 +85,8 @@ class VerificationReport:
                             f"({first_target.op}, {first_target.source}): {first_target.target_vs_ref.max_steps:g} steps")
         for o in self.outputs:
             t = o.target_vs_ref
+            if t is None:
+                continue
             if self.dynamic:
                 if t.max_abs > DYNAMIC_RTOL * o.ref_max_abs:
                     problems.append(f"output {o.index}: {self.target} differs from the reference by {t.max_abs:.3g}, "
@@ -87,12 +105,18 @@ class VerificationReport:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def target_compared(self) -> bool:
+        """False for target ``reference``, which runs the reference interpreter: no stage to compare."""
+        return any(o.target_vs_ref is not None for o in self.outputs)
+
     def first_divergence(self, threshold: float = 1.0) -> LayerRow | None:
         """The first layer where the reference is more than ``threshold`` steps from fake-quant."""
         return next((r for r in self.layers if r.ref_vs_fake_quant and r.ref_vs_fake_quant.max_steps > threshold), None)
 
     def as_dict(self) -> dict:
-        return {"target": self.target, "ok": self.ok, "problems": self.problems,
+        return {"target": self.target, "ok": self.ok, "problems": self.problems, "inputs": self.inputs,
+                "target_compared": self.target_compared,
                 "partitions": self.partitions, "placement": self.placement, "float_fallbacks": self.float_fallbacks,
                 "layers": [r.as_dict() for r in self.layers], "outputs": [o.as_dict() for o in self.outputs]}
 
@@ -103,7 +127,8 @@ class VerificationReport:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=f"qlower verify — target {self.target}", show_lines=False)
+        over = f", worst of {self.inputs} inputs" if self.inputs > 1 else ""
+        t = Table(title=f"qlower verify — target {self.target}{over}", show_lines=False)
         for col in ("layer", "source", "isolated steps", "end-to-end steps", "exact %", "SQNR dB",
                     f"{self.target}↔ref steps"):
             t.add_column(col, overflow="fold")
@@ -117,7 +142,7 @@ class VerificationReport:
         for o in self.outputs:
             fq, tg, fp = o.ref_vs_fake_quant, o.target_vs_ref, o.ref_vs_fp32
             t.add_row(f"[bold]output {o.index}", "", "", _fmt(fq and fq.max_steps), _fmt(fq and 100 * fq.exact_share, "{:.1f}"),
-                      _fmt(fp and fp.sqnr_db, "{:.1f}"), _fmt(tg.max_abs if self.dynamic else tg.max_steps, "{:.3g}"))
+                      _fmt(fp and fp.sqnr_db, "{:.1f}"), _fmt(tg and (tg.max_abs if self.dynamic else tg.max_steps), "{:.3g}"))
         buf = io.StringIO()
         console = Console(file=buf, width=width, force_terminal=False, color_system=None)
         console.print(t)
@@ -125,6 +150,9 @@ class VerificationReport:
             console.print(f"{len(self.float_fallbacks)} op(s) run in float on the host:")
             for f in self.float_fallbacks:
                 console.print(f"  %{f['value']} = {f['op']}  at {f['source'] or '<no source>'}: {f['reason']}")
+        if not self.target_compared:
+            console.print("target reference runs the reference interpreter itself: there is no other stage to "
+                          "compare it with (—); the verdict is about the reference against fake-quant")
         console.print("verdict: " + ("OK" if self.ok else "FAILED\n  " + "\n  ".join(self.problems)))
         return buf.getvalue()
 

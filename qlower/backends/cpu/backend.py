@@ -39,5 +39,8 @@ class CpuBackend(Backend):
     def lower(self, subgraph: Graph, target: str) -> Payload:
         raise NotImplementedError(_DIRECT)
 
+    def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
+        return "cpu programs have no partitions: the host graph runs on the cpu kernels"
+
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError(_DIRECT)

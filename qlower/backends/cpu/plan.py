@@ -3,8 +3,9 @@
 ``prepare`` builds one kernel per op (weights packed here, once, through the
 weights cache), fuses the chains listed in fusion.py, and lays the steps out on
 slots so that a run is a loop over closures that frees each intermediate after
-its last use. ``run`` executes the fused steps; ``run_traced`` executes every op
-with its own kernel and returns every IR value (for per-layer comparison).
+its last use. ``run`` executes the fused steps; ``run_traced`` executes the same
+steps and returns every value they materialize (per-layer verification measures
+what runs), or with ``each_op`` every op with its own kernel (kernel tests).
 Both are bit-exact with ``qlower.reference.run_graph`` for integer values.
 """
 
@@ -105,8 +106,10 @@ class CpuPlan:
                 steps.append(self._step(g.kernel, g.inputs, g.outputs, g.ops))
             elif op not in in_group:
                 steps.append(trace_steps[-1])
+        self._fused_steps = steps
         self._steps = self._with_frees(steps)
         self._trace_steps = trace_steps
+        self._value_of = {i: v for v, i in self._slot.items()}
 
     def _spec(self, operand) -> ArgSpec:
         if operand is None:
@@ -153,8 +156,7 @@ class CpuPlan:
             env[self._slot[v]] = to_tensor(x)
         return env
 
-    @staticmethod
-    def _execute(steps: list[Step], env: list[torch.Tensor | None], check_types: bool) -> None:
+    def _execute(self, steps: list[Step], env: list[torch.Tensor | None], check_types: bool) -> None:
         for step in steps:
             args = [None if a is None else [env[j] for j in a] if isinstance(a, tuple) else env[a] for a in step.args]
             try:
@@ -165,8 +167,9 @@ class CpuPlan:
                 raise execution_error(step.ops[-1], f"{type(e).__name__}: {e}") from e
             if isinstance(res, torch.Tensor):
                 res = (res,)
-            for slot, value, t in zip(step.outs, (r for o in step.ops[-1:] for r in o.results), res):
+            for slot, t in zip(step.outs, res):
                 env[slot] = t
+                value = self._value_of[slot]
                 if check_types and (tuple(t.shape) != value.shape or t.dtype != torch_dtype(value.dtype)):
                     raise ExecutionError(f"cpu kernel for {step.ops[-1].kind} produced {t.dtype}{list(t.shape)} "
                                          f"for %{value.name}, typed {value.type}")
@@ -197,14 +200,19 @@ class CpuPlan:
             names[v] = v.name if k == 0 else f"{v.name}#{k}"
         return names
 
-    def run_traced(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
-        """Every IR value (inputs and constants included) keyed as ``trace_names`` says, each op run by
-        its own kernel (unfused), every result checked against its IR type."""
+    def run_traced(self, inputs: Sequence[np.ndarray], each_op: bool = False) -> dict[str, np.ndarray]:
+        """IR values keyed as ``trace_names`` says, every result checked against its IR type.
+
+        By default the steps ``run`` executes (fused kernels included): the values they
+        materialize, inputs and constants included; a value inside a fused kernel never exists
+        and is absent. With ``each_op``, every op runs by its own kernel and every value is there
+        (for testing kernels one by one; not what ``run`` executes)."""
         self._check_float32()
         env = self._start(inputs)
         with self._threads():
-            self._execute(self._trace_steps, env, check_types=True)
-        return {name: np.array(env[self._slot[v]].numpy(), copy=True) for v, name in self.trace_names().items()}
+            self._execute(self._trace_steps if each_op else self._fused_steps, env, check_types=True)
+        return {name: np.array(env[self._slot[v]].numpy(), copy=True) for v, name in self.trace_names().items()
+                if env[self._slot[v]] is not None}
 
 
 def prepare(graph: Graph, threads: int | None = None, *, gemm_engine: str | None = None,

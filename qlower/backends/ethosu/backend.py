@@ -187,6 +187,13 @@ class EthosUBackend(Backend):
         return Payload("tosa", TOSA_PROFILE, blobs, payload.input_types,
                        payload.output_types, dict(payload.tensor_map), dict(payload.meta.get("tosa", {})))
 
+    def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
+        """The TOSA graph that runs here must be exactly this lowering of ``subgraph`` (the command
+        stream and weights are only written out, never executed, in this process)."""
+        if "graph.tosa" not in payload.blobs:
+            return "the Ethos-U payload has no graph.tosa"
+        return self.tosa.check_loaded(materialize_aliased_outputs(subgraph), self._tosa_payload(payload))
+
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Simulated: the partition's TOSA graph on the TOSA reference model (no Ethos-U simulator here)."""
         return self.tosa.execute(self._tosa_payload(payload), inputs)

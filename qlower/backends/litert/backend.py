@@ -25,7 +25,7 @@ from qlower.backends.base import Backend, Payload, Verdict, check_payload_inputs
 from qlower.backends.litert import rounding
 from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, unsupported_reason
 from qlower.backends.litert.fused_add import add_groups, to_tflite_add
-from qlower.backends.litert.verify import builtin_counts, model_description, verify_tflite
+from qlower.backends.litert.verify import builtin_counts, loaded_payload_problem, model_description, verify_tflite
 from qlower.errors import ExecutionError, InputError
 from qlower.ir import Graph, Op
 
@@ -86,6 +86,9 @@ class LiteRtBackend(Backend):
                   # as Ethos-U says its execution is simulated: `qlower run` prints it
                   **({"execution": _EXACTNESS[self.kernels]} if self.kernels not in rounding.GUARANTEED else {})},
         )
+
+    def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
+        return loaded_payload_problem(subgraph, payload)
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         return _run(payload, inputs, ())[0]

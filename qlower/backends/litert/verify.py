@@ -2,7 +2,7 @@
 
 A loaded program's LiteRT payload must be exactly what qlower writes for the
 partition's (validated) IR subgraph: the export is deterministic, so
-``check_loaded_payload`` re-exports and compares, and any altered byte is an
+``loaded_payload_problem`` re-exports and compares, and any altered byte is an
 InvalidProgramError at load. ``verify_tflite`` is the structural check that runs
 before any model reaches the interpreter (a payload built in memory included):
 it walks the whole flatbuffer with the generated Python readers, whose reads are
@@ -19,6 +19,7 @@ import numpy as np
 import tflite
 from tflite.BuiltinOperator import BuiltinOperator
 
+from qlower.backends.base import Payload
 from qlower.backends.litert.flatbuffer import NUMPY_OF_TFLITE, SCHEMA_VERSION
 from qlower.errors import InvalidProgramError
 from qlower.ir import Graph
@@ -131,18 +132,19 @@ def model_description(subgraph: Graph, kernels: str) -> str:
     return f"qlower {subgraph.name} for LiteRT {kernels} kernels"
 
 
-def check_loaded_payload(subgraph: Graph, model: bytes | None, kernels: object, where: str) -> None:
-    """InvalidProgramError unless ``model`` is exactly qlower's export of the partition ``subgraph``."""
+def loaded_payload_problem(subgraph: Graph, payload: Payload) -> str | None:
+    """Why ``payload`` is not exactly qlower's export of the partition ``subgraph``; None when it is."""
     from qlower.backends.litert.export import export_tflite
 
+    model, kernels = payload.blobs.get("model.tflite"), payload.meta.get("kernels")
     if model is None:
-        raise InvalidProgramError(f"{where}: the litert payload has no model.tflite")
+        return "the litert payload has no model.tflite"
     if kernels not in ("reference", "builtin", "xnnpack"):
-        raise InvalidProgramError(f"{where}: the litert payload names unknown kernels {kernels!r}")
+        return f"the litert payload names unknown kernels {str(kernels)[:40]!r}"
     try:
         verify_tflite(model)
     except InvalidProgramError as e:
-        raise InvalidProgramError(f"{where}: {e}") from None
+        return str(e)
     if model != export_tflite(subgraph, description=model_description(subgraph, str(kernels))):
-        raise InvalidProgramError(f"{where}: the .tflite payload is not what qlower writes for its subgraph "
-                                  "(altered after compilation)")
+        return "the .tflite payload is not what qlower writes for its subgraph (altered after compilation)"
+    return None

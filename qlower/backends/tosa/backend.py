@@ -19,7 +19,7 @@ from qlower.backends.tosa.lowering import Lowered, describe, lower_graph
 from qlower.backends.tosa.serializer import TOSA_VERSION
 from qlower.backends.tosa.support import PROFILES, Profile, check, profile_for
 from qlower.backends.tosa.validate import Diagnostic, validate
-from qlower.errors import CompileError, ExecutionError
+from qlower.errors import CompileError, ExecutionError, QlowerError
 from qlower.ir import Graph, Op
 
 GRAPH_BLOB = "graph.tosa"
@@ -43,16 +43,21 @@ class TosaBackend(Backend):
         Raises UnsupportedOpError for an op ``supports`` rejects, CompileError when
         validation fails (naming the IR op the failing TOSA operator came from).
         """
+        payload, lowered = self._emit(subgraph, target, trace)
+        profile = profile_for(target)
+        _check_valid(payload.blobs[GRAPH_BLOB], profile, payload.meta["extensions"], lowered, subgraph)
+        return payload
+
+    def _emit(self, subgraph: Graph, target: str, trace: bool) -> tuple[Payload, Lowered]:
+        """The payload ``lower`` returns, before validation (deterministic: same graph, same bytes)."""
         profile = profile_for(target)
         lowered = lower_graph(subgraph, profile)
         writer = lowered.writer
-        extensions = sorted(writer.extensions)
         blobs = {GRAPH_BLOB: writer.serialize()}
-        _check_valid(blobs[GRAPH_BLOB], profile, extensions, lowered, subgraph)
         meta = {
             "profile": profile.spec,
             "tosa_opt_profiles": profile.tosa_opt,
-            "extensions": extensions,
+            "extensions": sorted(writer.extensions),
             "tosa_version": ".".join(map(str, TOSA_VERSION)),
             "tosa_ops": dict(sorted(writer.op_counts().items())),
             "input_tensors": lowered.input_names,
@@ -67,12 +72,37 @@ class TosaBackend(Backend):
             # The same operators as graph.tosa, which passed validation; only the output list is longer.
             blobs[TRACE_BLOB] = writer.serialize()
             meta["trace_outputs"] = traced
-        return Payload(
+        payload = Payload(
             backend=self.name, target=target, blobs=blobs,
             input_types=tuple(v.type for v in subgraph.inputs),
             output_types=tuple(v.type for v in subgraph.outputs),
             tensor_map=dict(lowered.tensor_map), meta=meta,
         )
+        return payload, lowered
+
+    def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
+        """The payload must be exactly this lowering of ``subgraph`` (re-emitted: milliseconds,
+        no tosa-opt), so the reference model only ever reads graphs qlower wrote and validated."""
+        if payload.target not in PROFILES:
+            return f"its TOSA profile {payload.target[:40]!r} is not one of {', '.join(PROFILES)}"
+        if GRAPH_BLOB not in payload.blobs:
+            return f"the payload has no {GRAPH_BLOB}"
+        try:
+            expected, _ = self._emit(subgraph, payload.target, TRACE_BLOB in payload.blobs)
+        except QlowerError as e:
+            return f"qlower can't lower its subgraph for {payload.target}: {str(e)[:300]}"
+        for name in sorted(set(expected.blobs) | set(payload.blobs)):
+            if expected.blobs.get(name) != payload.blobs.get(name):
+                return (f"its {name} is not what qlower writes for its subgraph (altered after compilation)"
+                        if name in expected.blobs else f"it holds an unexpected blob {name[:40]!r}")
+        if expected.meta != payload.meta:
+            keys = sorted(k for k in set(expected.meta) | set(payload.meta) if expected.meta.get(k) != payload.meta.get(k))
+            return f"its TOSA metadata differs from qlower's lowering of its subgraph ({', '.join(keys)[:200]})"
+        if expected.tensor_map != payload.tensor_map:
+            return "its tensor map differs from qlower's lowering of its subgraph"
+        if (expected.input_types, expected.output_types) != (payload.input_types, payload.output_types):
+            return "its boundary types differ from its subgraph's"
+        return None
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         arrays = check_payload_inputs(payload, inputs, "the TOSA partition")

@@ -216,6 +216,13 @@ class VgfBackend(Backend):
         return Payload("tosa", profile_for(payload.target), blobs, payload.input_types, payload.output_types,
                        dict(payload.tensor_map), dict(payload.meta.get("tosa", {})))
 
+    def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
+        """The TOSA graph (simulated runs) must be exactly this lowering of ``subgraph``. The VGF
+        files are not parsed here: only the scenario runner reads them, in a process of its own."""
+        if GRAPH_TOSA not in payload.blobs:
+            return f"the VGF payload has no {GRAPH_TOSA}"
+        return self.tosa.check_loaded(subgraph, self._tosa_payload(payload))
+
     def _runs_on_vulkan(self, payload: Payload) -> bool:
         return str(payload.meta.get("execution", "")).startswith(VULKAN)
 

@@ -1,0 +1,113 @@
+"""The TOSA reference model's own process (started by ``executor``; not imported by qlower).
+
+The reference model is native code that aborts or crashes on some graphs, and
+the serialization library writes to file descriptors 1 and 2 directly. Run in
+the caller's process, the first takes the caller down and the second needs a
+process-wide swap of fd 1 and 2, which no other thread can share. Here both
+stay in this process: fd 1 goes to /dev/null, fd 2 to a scratch file whose text
+becomes the run's diagnostics, and requests arrive on a private copy of the
+original stdin, answers leave on a private copy of the original stdout.
+
+Wire format (both directions): a frame is a u32 count of parts, then each part
+as a u64 length and its bytes (little-endian). A request is
+``[b"run", flatbuffer, input .npy ...]``; an answer is
+``[b"ok", status name, diagnostics, output .npy ...]`` or ``[b"error", message]``.
+Arrays cross as .npy without pickles. This file imports only the standard
+library, NumPy and the reference model, so it starts fast and runs as a script.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+import sys
+import tempfile
+
+_COUNT = struct.Struct("<I")
+_LENGTH = struct.Struct("<Q")
+
+
+def read_exactly(fd: int, n: int) -> bytes:
+    """``n`` bytes from ``fd``; EOFError if the other side closed first."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if k == 0:
+            raise EOFError(f"the pipe closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def read_frame(fd: int, max_parts: int = 1 << 16) -> list[bytes]:
+    (count,) = _COUNT.unpack(read_exactly(fd, _COUNT.size))
+    if count > max_parts:
+        raise ValueError(f"a frame of {count} parts")
+    return [read_exactly(fd, _LENGTH.unpack(read_exactly(fd, _LENGTH.size))[0]) for _ in range(count)]
+
+
+def write_frame(fd: int, parts: list[bytes]) -> None:
+    chunks = [_COUNT.pack(len(parts))]
+    for p in parts:
+        chunks += [_LENGTH.pack(len(p)), p]
+    data = memoryview(b"".join(chunks))
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def to_npy(array) -> bytes:
+    import numpy as np
+
+    out = io.BytesIO()
+    np.save(out, np.ascontiguousarray(array), allow_pickle=False)
+    return out.getvalue()
+
+
+def from_npy(data: bytes):
+    import numpy as np
+
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def _serve(requests: int, answers: int) -> None:
+    try:
+        import numpy  # noqa: F401
+        import tosa_reference_model as trm
+    except Exception as e:  # noqa: BLE001 - reported to the caller, who raises it
+        write_frame(answers, [b"error", f"can't import the TOSA reference model: {e}".encode()])
+        return
+    diagnostics = tempfile.TemporaryFile()
+    os.dup2(diagnostics.fileno(), 2)
+    while True:
+        try:
+            frame = read_frame(requests)
+        except EOFError:
+            return  # the caller is gone or done
+        try:
+            if len(frame) < 2 or frame[0] != b"run":
+                raise ValueError("a request must be [b'run', flatbuffer, inputs...]")
+            inputs = [from_npy(part) for part in frame[2:]]
+            diagnostics.seek(0)
+            diagnostics.truncate()
+            outputs, status = trm.run(frame[1], inputs)
+            diagnostics.seek(0)
+            text = diagnostics.read()
+            write_frame(answers, [b"ok", status.name.encode(), text, *(to_npy(y) for y in outputs)])
+        except Exception as e:  # noqa: BLE001 - a rejected graph or input is the caller's error to raise
+            diagnostics.seek(0)
+            write_frame(answers, [b"error", f"{type(e).__name__}: {e}".encode() + b"\n" + diagnostics.read()])
+
+
+def main() -> None:
+    os.environ["TOSA_MODEL_NO_BACKTRACE"] = "1"   # no gdb backtrace on a failure
+    requests, answers = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    _serve(requests, answers)
+
+
+if __name__ == "__main__":
+    main()
