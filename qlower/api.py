@@ -6,7 +6,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from qlower.backends.registry import backend_for, check_target, targets
+from qlower.backends.registry import backend_for, check_target
+from qlower.backends.threads import check_threads
 from qlower.frontend.config import QuantConfig
 from qlower.ir import Graph
 from qlower.program import Program
@@ -20,10 +21,9 @@ def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dic
     """Partition an optimised IR graph for ``target`` and lower its partitions
     (``backend_options``: arguments of the target's backend, see ``compile``;
     ``progress``: a progress bar)."""
-    if target not in targets():
-        raise ValueError(f"unknown target {target!r}; known targets: {', '.join(targets())}")
+    check_target(target, backend_options)
     meta = dict(meta or {})
-    meta["threads"] = threads
+    meta["threads"] = check_threads(threads)
     backend = backend_for(target, backend_options)
     from qlower.partition import float_fallbacks, partition
 
@@ -50,13 +50,17 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
     "memory_mode": "Dedicated_Sram_384KB"}`` for Ethos-U targets.
     """
     from qlower.frontend import capture_and_import
+    from qlower.frontend.arguments import check_calibration, check_example_inputs, check_model, check_quant
     from qlower.passes import default_pipeline
 
-    check_target(target, backend_options)  # an unknown target or option fails before calibration, not after
-    example_inputs = tuple(example_inputs)
+    # every argument is checked before the minutes of export and calibration, not after
+    check_target(target, backend_options)
+    check_threads(threads)
+    model, quant = check_model(model), check_quant(quant)
+    example_inputs = check_example_inputs(example_inputs)
+    calibration = check_calibration(calibration if calibration is not None else [example_inputs], example_inputs)
     t0 = time.perf_counter()
-    front = capture_and_import(model, example_inputs, quant,
-                               calibration if calibration is not None else [example_inputs], progress=progress)
+    front = capture_and_import(model, example_inputs, quant, calibration, progress=progress)
     t1 = time.perf_counter()
     graph = default_pipeline(verify=verify_passes).run(front.graph)
     t2 = time.perf_counter()

@@ -6,7 +6,7 @@ in [2**30, 2**31)); ``apply_scale_32`` and ``rescale`` apply them with TOSA 1.0
 semantics. The reference interpreter, the CPU kernels and the TOSA lowering all
 call these functions, which is why those backends are bit-exact with each other.
 
-Only NumPy is imported here, so every stage may use it.
+Only NumPy and qlower.errors are imported here, so every stage may use it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from qlower.errors import QlowerError
+
 MIN_SHIFT, MAX_SHIFT = 2, 62
 
 
-class RequantRangeError(ValueError):
+class RequantRangeError(QlowerError, ValueError):
     """A value or ratio is outside what TOSA's apply_scale_32 admits."""
 
 

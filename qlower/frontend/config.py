@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
+from qlower.errors import ConfigError
+
 FixedQParams = tuple[float, int, int, int]  # scale, zero_point, qmin, qmax
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _check_fixed(key: object, params: object) -> None:
+    where = f"QuantConfig.fixed[{key!r}]"
+    if not isinstance(key, str) or not key:
+        raise ConfigError(f"QuantConfig.fixed keys are 'output', 'input', 'input:N' or a module's name, got {key!r}")
+    if not isinstance(params, (tuple, list)) or len(params) != 4:
+        raise ConfigError(f"{where} must be (scale, zero_point, qmin, qmax), got {params!r}")
+    scale, zp, qmin, qmax = params
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating, np.integer)) \
+            or not math.isfinite(scale) or scale <= 0:
+        raise ConfigError(f"{where}: the scale must be a finite number > 0, got {scale!r}")
+    if not all(_is_int(x) for x in (zp, qmin, qmax)):
+        raise ConfigError(f"{where}: zero_point, qmin and qmax must be integers, got {(zp, qmin, qmax)!r}")
+    if not -(1 << 31) <= qmin < qmax < (1 << 31) or not qmin <= zp <= qmax:
+        raise ConfigError(f"{where}: need qmin < qmax within int32 and qmin <= zero_point <= qmax, got "
+                          f"qmin={qmin}, qmax={qmax}, zero_point={zp}")
 
 
 @dataclass(frozen=True)
@@ -35,16 +61,31 @@ class QuantConfig:
     fallback: Literal["float", "error"] = "float"
 
     def __post_init__(self) -> None:
-        if self.mode not in ("static", "dynamic"):
-            raise ValueError(f"QuantConfig.mode must be 'static' or 'dynamic', got {self.mode!r}")
-        if self.fallback not in ("float", "error"):
-            raise ValueError(f"QuantConfig.fallback must be 'float' or 'error', got {self.fallback!r}")
-        if self.granularity not in ("per_tensor", "per_row"):
-            raise ValueError(f"QuantConfig.granularity must be 'per_tensor' or 'per_row', got {self.granularity!r}")
-        if not -128 <= self.act_qmin < self.act_qmax <= 127:
-            raise ValueError(f"activation range [{self.act_qmin}, {self.act_qmax}] must lie within int8")
-        if not -128 <= self.weight_qmin < self.weight_qmax <= 127:
-            raise ValueError(f"weight range [{self.weight_qmin}, {self.weight_qmax}] must lie within int8")
+        choices = {"mode": ("static", "dynamic"), "fallback": ("float", "error"),
+                   "granularity": ("per_tensor", "per_row")}
+        for name, accepted in choices.items():
+            if getattr(self, name) not in accepted:
+                raise ConfigError(f"QuantConfig.{name} must be one of {', '.join(map(repr, accepted))}, "
+                                  f"got {getattr(self, name)!r}")
+        for name in ("per_channel", "symmetric_acts"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"QuantConfig.{name} must be True or False, got {getattr(self, name)!r}")
+        for name in ("act_qmin", "act_qmax", "weight_qmin", "weight_qmax"):
+            if not _is_int(getattr(self, name)):
+                raise ConfigError(f"QuantConfig.{name} must be an integer, got {getattr(self, name)!r}")
+        # zero must have a code: activations' zero point lies in the range, weights are symmetric (zp 0)
+        if not -128 <= self.act_qmin <= 0 <= self.act_qmax <= 127 or self.act_qmin == self.act_qmax:
+            raise ConfigError(f"QuantConfig activation range [act_qmin, act_qmax] = [{self.act_qmin}, "
+                              f"{self.act_qmax}] must lie within int8 [-128, 127], contain 0 and hold two codes")
+        if not -128 <= self.weight_qmin < 0 < self.weight_qmax <= 127:
+            raise ConfigError(f"QuantConfig weight range [weight_qmin, weight_qmax] = [{self.weight_qmin}, "
+                              f"{self.weight_qmax}] must lie within int8 [-128, 127] with weight_qmin < 0 < "
+                              "weight_qmax (weights are symmetric: zero point 0)")
+        if not isinstance(self.fixed, dict):
+            raise ConfigError(f"QuantConfig.fixed must be a dict of name -> (scale, zero_point, qmin, qmax), "
+                              f"got {type(self.fixed).__name__}")
+        for key, params in self.fixed.items():
+            _check_fixed(key, params)
 
     def __hash__(self) -> int:
         return hash((self.mode, self.per_channel, self.act_qmin, self.act_qmax, self.symmetric_acts,

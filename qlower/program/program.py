@@ -10,15 +10,27 @@ import numpy as np
 
 from qlower.backends.base import Backend
 from qlower.backends.registry import backend_for
+from qlower.errors import InputError
 from qlower.ir import Graph, print_graph
 from qlower.partition import HostDecision, Partition
 
 
-def as_numpy(x: Any) -> np.ndarray:
-    """Torch tensors and array-likes as NumPy arrays (no copy when possible)."""
+def as_numpy(x: Any, what: str = "input") -> np.ndarray:
+    """Torch tensors and array-likes as NumPy arrays (no copy when possible); an InputError naming
+    ``what`` for a tensor NumPy can't hold (bfloat16, a meta or other non-CPU device)."""
     if hasattr(x, "detach"):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
+        device = getattr(getattr(x, "device", None), "type", "cpu")
+        if device != "cpu":
+            raise InputError(f"{what} is a tensor on device '{device}'; qlower runs on CPU tensors or NumPy arrays")
+        try:
+            return x.detach().numpy()
+        except (TypeError, RuntimeError) as e:   # bfloat16 and other dtypes NumPy lacks
+            raise InputError(f"{what} is a {getattr(x, 'dtype', type(x).__name__)} tensor, which NumPy can't "
+                             f"hold ({e}); pass float32") from None
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{what} can't be read as an array: {e}") from None
 
 
 @dataclass
@@ -65,7 +77,7 @@ class Program:
 
     def run(self, *inputs: Any) -> list[np.ndarray]:
         """Run on NumPy arrays or torch tensors (PyTorch layout, like the model); returns NumPy arrays."""
-        return self.runner().run([as_numpy(x) for x in inputs])
+        return self.runner().run([as_numpy(x, f"input {i}") for i, x in enumerate(inputs)])
 
     # -- inspecting ---------------------------------------------------------------
     @property

@@ -25,6 +25,8 @@ def quantize_array(x: np.ndarray, scale, zero_point, qmin: int, qmax: int) -> np
 
 @kernel("quantize")
 def _quantize(op: Op, x):
+    if np.isnan(x).any():   # NaN has no code (casting it to an integer is undefined)
+        raise ValueError("can't quantize NaN")
     q = op.attrs["out"]
     return quantize_array(x, q.scale_array(x.ndim), q.zero_point_array(x.ndim), q.qmin, q.qmax)
 

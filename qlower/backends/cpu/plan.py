@@ -34,6 +34,7 @@ from qlower.backends.cpu.context import BuildContext, Kernel, build_kernel
 from qlower.backends.cpu.conv import DirectConv, GemmConv
 from qlower.backends.cpu.fusion import FusedGroup, find_groups
 from qlower.backends.cpu.tensor_utils import execution_error, to_tensor, torch_dtype
+from qlower.backends.threads import check_threads, torch_threads
 from qlower.errors import ExecutionError, QlowerError, UnsupportedOpError
 from qlower.ir import Graph, Op, Value
 from qlower.reference import check_inputs
@@ -140,15 +141,8 @@ class CpuPlan:
 
     @contextlib.contextmanager
     def _threads(self) -> Iterator[None]:
-        previous = torch.get_num_threads()
-        if self.threads is not None and self.threads != previous:
-            torch.set_num_threads(self.threads)
-        try:
-            with torch.inference_mode():
-                yield
-        finally:
-            if self.threads is not None and self.threads != previous:
-                torch.set_num_threads(previous)
+        with torch_threads(self.threads), torch.inference_mode():
+            yield
 
     def _start(self, inputs: Sequence[np.ndarray]) -> list[torch.Tensor | None]:
         env = list(self._template)
@@ -225,6 +219,7 @@ def prepare(graph: Graph, threads: int | None = None, *, gemm_engine: str | None
     ``fuse``: run op chains as fused kernels (fusion.py).
     ``delegates``: executors for ``delegate`` ops, by partition name.
     """
+    threads = check_threads(threads)
     ctx = BuildContext(graph, native=native_mod.load() if native else None, gemm_engine=gemm_engine)
     kernels: dict[Op, Kernel] = {}
     for op in graph.ops:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from qlower.errors import CompileError
+from qlower.errors import CompileError, ConfigError
 
 TOSA_MAGIC = b"TOSA"    # flatbuffer file identifier, bytes 4..8
 TFLITE_MAGIC = b"TFL3"
@@ -130,6 +130,15 @@ def vela_config(accelerator: str, system_config: str | None = None, memory_mode:
     family = "-".join(accelerator.split("-")[:2])
     default_sys, default_mem = DEFAULT_SYSTEM[family]
     ini = os.path.join(af.CONFIG_FILES_PATH, "Arm", "vela.ini")
+    with open(ini, encoding="utf-8") as f:
+        ini_text = f.read()
+    if system_config is not None:
+        # Vela accepts any section: a U85 memory system given to a U55 would be estimated silently
+        prefix = "Ethos_" + family.split("-")[1].upper() + "_"      # ethos-u55 -> Ethos_U55_
+        ours = re.findall(r"^\[System_Config\.(" + prefix + r"\w+)\]", ini_text, re.MULTILINE)
+        if system_config not in ours:
+            raise ConfigError(f"Ethos-U option system_config={system_config!r} is not a system config of "
+                              f"{accelerator}; its configs in {ini}: {', '.join(ours)}")
     arch, exc, log = capture_fds(lambda: af.ArchitectureFeatures(
         vela_config_files=[ini], accelerator_config=accelerator,
         system_config=system_config or default_sys, memory_mode=memory_mode or default_mem,
@@ -138,8 +147,6 @@ def vela_config(accelerator: str, system_config: str | None = None, memory_mode:
         raise CompileError(f"Vela rejects the configuration {accelerator} / system config "
                            f"{system_config or default_sys} / memory mode {memory_mode or default_mem}: "
                            f"{exc or log.strip()}; see the sections of {ini}")
-    with open(ini, encoding="utf-8") as f:
-        ini_text = f.read()
     regor_arch = "".join(p.capitalize() for p in family.split("-"))  # ethos-u85 -> EthosU85
     return VelaConfig(accelerator, arch.system_config, arch.memory_mode, regor_arch, int(arch.num_macs_per_cycle),
                       int(arch.ncores), int(arch.arena_cache_size), float(arch.core_clock), ini_text)

@@ -26,7 +26,8 @@ from qlower.backends.litert import rounding
 from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, unsupported_reason
 from qlower.backends.litert.fused_add import add_groups, to_tflite_add
 from qlower.backends.litert.verify import builtin_counts, loaded_payload_problem, model_description, verify_tflite
-from qlower.errors import ExecutionError, InputError
+from qlower.backends.threads import check_threads
+from qlower.errors import ConfigError, ExecutionError, InputError
 from qlower.ir import Graph, Op
 
 MODEL_BLOB = "model.tflite"
@@ -46,11 +47,9 @@ class LiteRtBackend(Backend):
 
     def __init__(self, kernels: str = "reference", threads: int | None = None):
         if kernels not in KERNELS:
-            raise ValueError(f"litert option kernels={kernels!r} is not one of {', '.join(KERNELS)}")
-        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
-            raise ValueError(f"litert option threads={threads!r} must be a positive integer")
+            raise ConfigError(f"litert option kernels={kernels!r} is not one of {', '.join(KERNELS)}")
         self.kernels = kernels
-        self.threads = threads
+        self.threads = check_threads(threads, "litert option threads")
         self._fused: set[int] = set()
 
     def rewrite(self, graph: Graph, target: str) -> Graph:

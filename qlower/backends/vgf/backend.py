@@ -39,7 +39,7 @@ from qlower.backends.tosa import TosaBackend
 from qlower.backends.vgf.container import VgfModel, VgfTensor, read_vgf
 from qlower.backends.vgf.converter import tosa_to_vgf
 from qlower.backends.vgf.runner import TensorSpec, VulkanUnavailable, run_vgf, specs_from_meta
-from qlower.errors import CompileError, ExecutionError
+from qlower.errors import CompileError, ConfigError, ExecutionError, InputError
 from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, Value
 
 PROFILES: dict[str, str] = {"vgf": "tosa-1.0+int+fp", "vgf+int": "tosa-1.0+int"}
@@ -122,6 +122,16 @@ def _run_real(payload: Payload, inputs: Sequence[np.ndarray], blob: str = MODEL_
     return run_vgf(payload.blobs[blob], list(zip(ins, inputs)), outs, f"VGF partition for {payload.target}")
 
 
+def _without_nan(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The arrays, unless a float one holds NaN: the emulation layer reads NaN as -inf (measured),
+    where every other target raises (NaN has no quantized code), so a VGF run raises too."""
+    for i, x in enumerate(arrays):
+        if x.dtype.kind == "f" and np.isnan(x).any():
+            raise InputError(f"input {i} of the VGF partition holds NaN, which the Vulkan ML emulation layer "
+                             "would read as -inf; NaN has no quantized code")
+    return arrays
+
+
 def _convert(tosa: bytes, subgraph: Graph, tosa_meta: dict, profile: str):
     """``tosa_to_vgf`` whose error also says the TOSA graph was valid, and which ops it holds."""
     try:
@@ -140,7 +150,7 @@ class VgfBackend(Backend):
     def __init__(self, execution: str | None = None, *, probe: bool = True) -> None:
         mode = execution or os.environ.get("QLOWER_VGF_EXECUTION", "auto")
         if mode not in MODES:
-            raise ValueError(f"VGF execution mode {mode!r}: expected one of {', '.join(MODES)}")
+            raise ConfigError(f"VGF execution mode {mode!r}: expected one of {', '.join(MODES)}")
         self.execution, self._probe = mode, probe
 
     @functools.cached_property
@@ -230,7 +240,7 @@ class VgfBackend(Backend):
         """On Vulkan when the payload says so (never a silent fallback), else on the TOSA reference model."""
         if not self._runs_on_vulkan(payload):
             return self.tosa.execute(self._tosa_payload(payload), inputs)
-        arrays = check_payload_inputs(payload, inputs, "the VGF partition")
+        arrays = _without_nan(check_payload_inputs(payload, inputs, "the VGF partition"))
         try:
             return _run_real(payload, arrays).outputs
         except VulkanUnavailable as e:
@@ -247,7 +257,7 @@ class VgfBackend(Backend):
             return self.tosa.execute_traced(self._tosa_payload(payload), inputs, tensors)
         tosa_meta = payload.meta.get("tosa", {})
         names = list(tosa_meta.get("output_tensors", []))
-        arrays = check_payload_inputs(payload, inputs, "the VGF partition")
+        arrays = _without_nan(check_payload_inputs(payload, inputs, "the VGF partition"))
         try:
             if TRACE_VGF in payload.blobs:
                 names += list(tosa_meta.get("trace_outputs", []))
