@@ -1,11 +1,20 @@
-"""The ``qlower`` command line. It only calls the public API."""
+"""The ``qlower`` command line. It only calls the public API.
+
+Exit codes: 0 success; 1 a verification that ran and found the program not exact; 2 anything
+else that went wrong (a usage error, a bad model factory or input, an invalid program file, a
+failed compile or run), with a one-line message on stderr. Text that comes from a program
+file (names, metadata) is printed with control characters escaped, never raw.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import json
+import os
 import sys
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -14,37 +23,68 @@ import qlower
 from qlower.errors import QlowerError
 
 
+class UsageError(Exception):
+    """A command line that can't be carried out as given (exit 2, message without a traceback)."""
+
+
+def printable(text: object) -> str:
+    """``text`` with every control or format character but newline and tab escaped (``\\x1b``):
+    escape sequences from an untrusted file must not drive the user's terminal."""
+    return "".join(c if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cf", "Cs", "Co")
+                   else ascii(c)[1:-1] for c in str(text))
+
+
+def say(*parts: object, file=None) -> None:
+    print(printable(" ".join(str(p) for p in parts)), file=file or sys.stdout)
+
+
 def _load_model(spec: str, size: int | None):
     """``zoo:NAME`` or ``path/to/file.py:factory`` → (model, example_inputs, quant, calibration)."""
     if spec.startswith("zoo:"):
         from qlower import zoo
 
+        if spec[4:] not in zoo.names():
+            raise UsageError(f"unknown zoo model {spec[4:]!r}; `qlower zoo` lists them")
         return zoo.get(spec[4:], size=size)
     path, _, factory = spec.rpartition(":")
-    if not path or not Path(path).is_file():
-        raise SystemExit(f"qlower: {spec!r} is neither zoo:NAME nor FILE.py:FACTORY")
-    mod_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-    module = importlib.util.module_from_spec(mod_spec)
-    mod_spec.loader.exec_module(module)
-    result = getattr(module, factory)()
+    if not path or not factory:
+        raise UsageError(f"{spec!r} is neither zoo:NAME nor FILE.py:FACTORY")
+    if not Path(path).is_file():
+        raise UsageError(f"{spec!r}: no file {path!r} (expected zoo:NAME or FILE.py:FACTORY)")
+    try:
+        mod_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - the user's file: any error it raises is reported in one line
+        raise UsageError(f"{path} failed to import: {type(e).__name__}: {e}") from None
+    fn = getattr(module, factory, None)
+    if not callable(fn):
+        raise UsageError(f"{path} has no function {factory!r}")
+    try:
+        result = fn()
+    except Exception as e:  # noqa: BLE001
+        raise UsageError(f"{path}:{factory}() raised {type(e).__name__}: {e}") from None
     if isinstance(result, tuple) and len(result) == 4:
         return result
-    model, example_inputs = result
-    return model, example_inputs, qlower.QuantConfig(), [example_inputs]
+    if isinstance(result, tuple) and len(result) == 2:
+        model, example_inputs = result
+        return model, example_inputs, qlower.QuantConfig(), [example_inputs]
+    raise UsageError(f"{path}:{factory}() returned {type(result).__name__}; expected (model, example_inputs) or "
+                     "(model, example_inputs, quant, calibration)")
 
 
 def cmd_zoo(args) -> int:
     from qlower import zoo
 
     for name in zoo.names():
-        print(f"{name:22s} {zoo.describe(name)}")
+        say(f"{name:22s} {zoo.describe(name)}")
     return 0
 
 
 def cmd_targets(args) -> int:
     from qlower.backends.registry import targets
 
-    print("\n".join(targets()))
+    say("\n".join(targets()))
     return 0
 
 
@@ -54,7 +94,7 @@ def _options(pairs: list[str]) -> dict[str, object]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"qlower: --option takes KEY=VALUE, got {pair!r}")
+            raise UsageError(f"--option takes KEY=VALUE, got {pair!r}")
         options[key] = {"true": True, "false": False}.get(value.lower(), value)
     return options
 
@@ -66,22 +106,21 @@ def cmd_verify(args) -> int:
     from qlower.verify import verify_program
 
     report = verify_program(prog, [example])
-    print(report.table())
+    say(report.table())
     if args.json:
         Path(args.json).write_text(report.to_json())
     if args.html:
-        print(f"HTML report: {report.write_html(args.html)}")
+        say(f"HTML report: {report.write_html(args.html)}")
     return 0 if report.ok else 1
 
 
 def cmd_compile(args) -> int:
     if args.format == "tflite" and not args.output:
-        print("qlower: --format tflite needs -o FILE.tflite", file=sys.stderr)
-        return 2
+        raise UsageError("--format tflite needs -o FILE.tflite")
     model, example, quant, calib = _load_model(args.model, args.size)
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
                           verify_passes=args.verify_passes, backend_options=_options(args.option))
-    print(prog.explain())
+    say(prog.explain())
     if args.output and args.format == "tflite":
         from qlower.backends.litert.rounding import exact_kernels
 
@@ -89,10 +128,10 @@ def cmd_compile(args) -> int:
         where = (f"bit-exact with the reference interpreter under LiteRT's {' and '.join(exact)} kernels" if exact
                  else "its requantization rounds as no LiteRT kernels are guaranteed to: compile with --target "
                       "litert (--option kernels=...) for a file LiteRT reproduces exactly")
-        print(f"wrote {prog.export(args.output, format='tflite')} (TFLite, for LiteRT); {where}")
+        say(f"wrote {prog.export(args.output, format='tflite')} (TFLite, for LiteRT); {where}")
     elif args.output:
         prog.save(args.output)
-        print(f"wrote {args.output}")
+        say(f"wrote {args.output}")
     if args.artifacts:
         out = Path(args.artifacts)
         for name, blob in prog.artifacts().items():
@@ -100,31 +139,41 @@ def cmd_compile(args) -> int:
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(blob)
         (out / "summary.json").write_text(json.dumps(prog.summary(), indent=2, default=str))
-        print(f"wrote {len(prog.artifacts())} artifact(s) and summary.json to {out}")
+        say(f"wrote {len(prog.artifacts())} artifact(s) and summary.json to {out}")
     return 0
 
 
 def cmd_run(args) -> int:
+    from qlower.program.fileformat import write_atomically
+
     prog = qlower.load(args.program)
-    inputs = [np.load(p, allow_pickle=False) for p in args.input]
-    for note in sorted({p.payload.meta.get("execution") for p in prog.partitions} - {None}):
-        print(f"note: {note}")
+    inputs = []
+    for path in args.input:
+        try:
+            inputs.append(np.load(path, allow_pickle=False))
+        except (OSError, ValueError, EOFError) as e:
+            raise UsageError(f"--input {path}: not a readable .npy file ({e})") from None
+    for note in sorted({str(p.payload.meta.get("execution")) for p in prog.partitions} - {"None"}):
+        say(f"note: {note}")
     outs = prog.run(*inputs)
     for i, o in enumerate(outs):
-        print(f"output {i}: {o.dtype}{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}")
+        say(f"output {i}: {o.dtype}{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}")
     if args.output:
+        # written to exactly this path (NumPy would append .npy/.npz to a name without it)
+        buf = io.BytesIO()
         if len(outs) == 1:
-            np.save(args.output, outs[0], allow_pickle=False)
+            np.save(buf, outs[0], allow_pickle=False)
         else:
-            np.savez(args.output, *outs)
-        print(f"wrote {args.output}")
+            np.savez(buf, *outs)
+        write_atomically(args.output, buf.getvalue())
+        say(f"wrote {args.output} ({'.npy' if len(outs) == 1 else f'.npz of {len(outs)} arrays'})")
     return 0
 
 
 def cmd_inspect(args) -> int:
     from qlower.program.fileformat import inspect_program
 
-    print(json.dumps(inspect_program(args.program), indent=2, default=str))
+    say(json.dumps(inspect_program(args.program), indent=2, default=str))
     return 0
 
 
@@ -137,18 +186,18 @@ def cmd_demo(args) -> int:
 
     model, example, quant, calib = zoo.get("digits_cnn")
     _, _, x_test, y_test = zoo.digits.dataset()
-    print(f"compiling digits_cnn for {args.target} (static int8, {len(calib)} calibration batches)…")
+    say(f"compiling digits_cnn for {args.target} (static int8, {len(calib)} calibration batches)…")
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib, trace=True)
     with torch.no_grad():
         fp32_pred = model(x_test).argmax(dim=1).numpy()
     int8_pred = np.array([int(np.argmax(prog.run(x_test[i:i + 1])[0])) for i in range(len(x_test))])
     y = y_test.numpy()
     fp32_acc, int8_acc = float(np.mean(fp32_pred == y)), float(np.mean(int8_pred == y))
-    print(f"held-out digits: {len(y)} images")
-    print(f"  fp32 accuracy  {100 * fp32_acc:.2f}%")
-    print(f"  int8 accuracy  {100 * int8_acc:.2f}%  ({args.target})")
+    say(f"held-out digits: {len(y)} images")
+    say(f"  fp32 accuracy  {100 * fp32_acc:.2f}%")
+    say(f"  int8 accuracy  {100 * int8_acc:.2f}%  ({args.target})")
     report = verify_program(prog, [(x_test[:1],)])
-    print(report.table())
+    say(report.table())
     return 0 if report.ok else 1
 
 
@@ -164,7 +213,9 @@ def main(argv: list[str] | None = None) -> int:
                                ("compile", cmd_compile, "compile a model and write its artifacts")):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("model", help="zoo:NAME or FILE.py:FACTORY")
-        c.add_argument("--target", default="reference")
+        # verify: by default the fast CPU program against the reference (target reference runs
+        # the reference interpreter itself, which leaves nothing to compare it with)
+        c.add_argument("--target", default="cpu" if name == "verify" else "reference")
         c.add_argument("--size", type=int, default=None, help="input size for image models")
         c.add_argument("--verify-passes", action="store_true", help="run the IR verifier after every pass")
         c.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -190,11 +241,18 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         return args.fn(args)
+    except BrokenPipeError:   # `qlower zoo | head -1`: the reader has all it wants
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())   # Python's flush at exit must not fail again
+        return 0
+    except UsageError as e:
+        say(f"qlower: {e}", file=sys.stderr)
+        return 2
     except QlowerError as e:
-        print(f"qlower: {type(e).__name__}: {e}", file=sys.stderr)
+        say(f"qlower: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as e:  # a bad argument (unknown target or option, missing or unreadable file)
-        print(f"qlower: {e}", file=sys.stderr)
+        say(f"qlower: {e}", file=sys.stderr)
         return 2
 
 

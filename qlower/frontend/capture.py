@@ -25,6 +25,7 @@ from qlower.frontend.decompose import decompose_unruled
 from qlower.frontend.finite import non_finite_nodes
 from qlower.frontend.rules import has_rule
 from qlower.frontend.source import describe_node
+from qlower.progress import progress_bar
 
 Batch = tuple[torch.Tensor, ...]
 
@@ -115,7 +116,7 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Qua
         raise InputError("quantization needs at least one calibration batch (a tuple of input tensors); "
                          "pass e.g. [example_inputs]")
     # one bar over the whole of PT2E, its slowest stage: export, prepare, each batch, convert
-    with tqdm(total=len(batches) + 3, desc="quantizing: export", unit="step", disable=not progress) as bar:
+    with progress_bar(progress, total=len(batches) + 3, desc="quantizing: export", unit="step") as bar:
         return _quantize(model, example_inputs, quant, batches, bar)
 
 

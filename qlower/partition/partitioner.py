@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from qlower.backends.base import Backend, Payload, Verdict
 from qlower.errors import CompileError
 from qlower.ir import Graph, GraphBuilder, Op, TensorType, Value
+from qlower.progress import progress_bar
 from qlower.reference.aten_fallback import fallback_reason
 
 
@@ -156,7 +157,7 @@ def partition(graph: Graph, backend: Backend, target: str, prefix: str = "p", tr
               progress: bool = False) -> PartitionResult:
     """Place every op (``progress``: a bar over the verdicts, then over the partitions' lowering,
     which is where Vela and the model converter spend their time)."""
-    with tqdm(total=len(graph.ops), desc=f"{target}: placing ops", unit="step", disable=not progress) as bar:
+    with progress_bar(progress, total=len(graph.ops), desc=f"{target}: placing ops", unit="step") as bar:
         return _partition(graph, backend, target, prefix, trace, bar)
 
 

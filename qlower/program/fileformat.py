@@ -33,11 +33,14 @@ for.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
+import stat
 import struct
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +49,7 @@ import safetensors
 import safetensors.numpy
 
 from qlower.backends.base import Backend, Payload
-from qlower.errors import InvalidProgramError
+from qlower.errors import InvalidProgramError, SaveError
 from qlower.ir import Graph, verify
 from qlower.partition import HostDecision, Partition
 from qlower.program.irjson import (
@@ -68,7 +71,10 @@ MAGIC = b"\x89QLOWER\n"
 FORMAT_VERSION = 1
 _ENVELOPE = struct.Struct("<8sIQ32s")
 _FORMAT_NAME = "qlower-program"
+_MAX_NAME = 100
 MAX_TENSOR_BYTES_ENV = "QLOWER_MAX_TENSOR_BYTES"
+MAX_PROGRAM_BYTES_ENV = "QLOWER_MAX_PROGRAM_BYTES"
+DEFAULT_MAX_PROGRAM_BYTES = 2 << 30
 DEFAULT_MAX_TENSOR_BYTES = 1 << 30
 _HEADER_FIELDS = ("format", "target", "meta", "tensors", "host", "source", "partitions", "decisions")
 # safetensors dtype -> NumPy dtype (little-endian); the only dtypes a program file holds
@@ -94,8 +100,22 @@ def _json_meta(meta: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` can't name a partition or a payload file (they become ``<partition>/<file>``
+    paths of ``Program.artifacts()``, which users write into a folder); None when it can."""
+    if not name or len(name) > _MAX_NAME:
+        return f"must have 1 to {_MAX_NAME} characters"
+    if name in (".", "..") or any(c in name for c in "/\\") or any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "must not be '.' or '..' or hold a path separator or a control character"
+    return None
+
+
 def _enc_partition(p: Partition, tensors: TensorWriter) -> dict:
     pl = p.payload
+    for what, name in (("partition name", p.name), *(("payload file name", b) for b in pl.blobs)):
+        problem = name_problem(name)
+        if problem is not None:
+            raise InvalidProgramError(f"can't save partition {p.name[:40]!r}: its {what} {name[:40]!r} {problem}")
     try:
         json.dumps(pl.meta, allow_nan=False)
     except (TypeError, ValueError, RecursionError) as e:
@@ -149,14 +169,71 @@ def save_program(program: Program, path: str | os.PathLike) -> None:
 
 
 def write_atomically(path: str | os.PathLike, data: bytes) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it over ``path``."""
+    """Replace ``path`` with ``data`` so that a reader sees the old file or the new one, whole.
+
+    The bytes go to a new temporary file beside ``path`` (a random short name, created with
+    O_EXCL | O_NOFOLLOW, so a planted file or symlink is never written through; its length
+    doesn't grow with the target's name), are flushed to disk, take the old file's permission
+    bits, and are renamed over ``path``; then the folder is flushed. Any failure removes the
+    temporary file and leaves ``path`` as it was (only a killed process can leave a
+    ``.qlower-*.tmp`` behind). Concurrent saves to one path each use their own temporary file:
+    the last rename wins, none fails."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    folder = path.parent
+    if not folder.is_dir():
+        raise SaveError(f"can't write {os.fspath(path)}: folder {os.fspath(folder) or '.'} does not exist")
     try:
-        tmp.write_bytes(data)
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = None
+    except OSError as e:
+        raise SaveError(f"can't write {os.fspath(path)}: {e.strerror or e}") from None
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".qlower-", suffix=".tmp", dir=folder)   # O_EXCL, mode 0600
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode if mode is not None else 0o666 & ~_umask())
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        tmp = None
+        _fsync_folder(folder)
+    except OSError as e:
+        raise SaveError(f"can't write {os.fspath(path)}: {e.strerror or e} (the file that was there, if any, "
+                        "is unchanged)") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask sets it, for all threads)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)   # no /proc: the only way to read it is to set it and put it back
+    os.umask(mask)
+    return mask
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable (where the OS lets a folder be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 # -- reading: envelope and body ------------------------------------------------------------
@@ -268,6 +345,8 @@ def _dec_payload(x: Any, tensors: TensorReader, where: str) -> Payload:
     d = as_obj(x, where, ("backend", "target", "blobs", "input_types", "output_types", "tensor_map", "meta"))
     blobs = {}
     for name, key in as_obj(d["blobs"], f"{where} blobs").items():
+        if name_problem(name) is not None:
+            raise fail(f"{where} blobs", f"the file name {name[:40]!r} {name_problem(name)}")
         a = tensors.get(key, f"{where} blob '{name[:40]}'")
         if a.dtype != np.uint8 or a.ndim != 1:
             raise fail(f"{where} blob '{name[:40]}'", f"must be a 1-D uint8 tensor, got {a.dtype}{list(a.shape)}")
@@ -298,6 +377,8 @@ def _payload_backend(payload: Payload, where: str) -> Backend:
 def _dec_partition(x: Any, tensors: TensorReader, source_names: set[str], where: str) -> Partition:
     d = as_obj(x, where, ("name", "backend", "target", "values", "subgraph", "payload"))
     name = as_str(d["name"], f"{where} name")
+    if name_problem(name) is not None:
+        raise fail(f"{where} name", f"{name[:40]!r} {name_problem(name)}")
     where = f"partition '{name[:40]}'"
     sub = decode_graph(d["subgraph"], tensors, f"{where} subgraph")
     _check_tensor_sizes([sub], [f"{where} subgraph"])
@@ -306,6 +387,9 @@ def _dec_partition(x: Any, tensors: TensorReader, source_names: set[str], where:
         raise fail(where, f"its payload has {len(payload.input_types)} inputs and {len(payload.output_types)} "
                           f"outputs, its subgraph {len(sub.inputs)} and {len(sub.outputs)}")
     # the payload's bytes reach native code: only what its backend vouches for (see Backend.check_loaded)
+    if (d["backend"], d["target"]) != (payload.backend, payload.target):
+        raise fail(where, f"is for backend {str(d['backend'])[:40]!r} and target {str(d['target'])[:40]!r}, its "
+                          f"payload for {payload.backend[:40]!r} and {payload.target[:40]!r}")
     problem = _payload_backend(payload, where).check_loaded(sub, payload)
     if problem is not None:
         raise fail(f"{where} payload", problem)
@@ -390,11 +474,38 @@ def _decode_program(header: Any, arrays: dict[str, np.ndarray]) -> Program:
     return Program(as_str(h["target"], "target"), host, source, partitions, decisions, _dec_meta(h["meta"]))
 
 
+def max_program_bytes() -> int:
+    """The largest program file ``load`` reads (env QLOWER_MAX_PROGRAM_BYTES, default 2 GiB)."""
+    raw = os.environ.get(MAX_PROGRAM_BYTES_ENV, "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_MAX_PROGRAM_BYTES
+
+
 def _read(path: str | os.PathLike) -> bytes:
+    """The file's bytes, read only when it is a regular file no larger than the limit: a FIFO
+    or a device (/dev/zero) would block or never end, a huge file would fill the memory."""
+    name = os.fspath(path)
     try:
-        return Path(path).read_bytes()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        raise InvalidProgramError(f"can't read program file {os.fspath(path)}: {e.strerror or e}") from None
+        raise InvalidProgramError(f"can't read program file {name}: {e.strerror or e}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
+        raise InvalidProgramError(f"can't read program file {name}: it is {kind}, not a program file")
+    with os.fdopen(fd, "rb") as f:
+        limit = max_program_bytes()
+        if st.st_size > limit:
+            raise InvalidProgramError(f"{name}: {st.st_size:,} bytes, more than the {limit:,} a program file may "
+                                      f"have; set {MAX_PROGRAM_BYTES_ENV} to raise the limit if the file is trusted")
+        try:
+            data = f.read(st.st_size + 1)   # one more: a file that grows while read is caught
+        except OSError as e:
+            raise InvalidProgramError(f"can't read program file {name}: {e.strerror or e}") from None
+    if len(data) > st.st_size:
+        raise InvalidProgramError(f"{name}: the file grew while it was read")
+    return data
 
 
 def program_from_bytes(data: bytes, name: str = "program") -> Program:

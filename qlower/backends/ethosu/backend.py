@@ -190,8 +190,9 @@ class EthosUBackend(Backend):
     def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
         """The TOSA graph that runs here must be exactly this lowering of ``subgraph`` (the command
         stream and weights are only written out, never executed, in this process)."""
-        if "graph.tosa" not in payload.blobs:
-            return "the Ethos-U payload has no graph.tosa"
+        missing = [b for b in ("graph.tosa", "command_stream.bin", "read_only.bin") if b not in payload.blobs]
+        if missing:
+            return f"the Ethos-U payload has no {', '.join(missing)}"
         return self.tosa.check_loaded(materialize_aliased_outputs(subgraph), self._tosa_payload(payload))
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:

@@ -229,8 +229,9 @@ class VgfBackend(Backend):
     def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
         """The TOSA graph (simulated runs) must be exactly this lowering of ``subgraph``. The VGF
         files are not parsed here: only the scenario runner reads them, in a process of its own."""
-        if GRAPH_TOSA not in payload.blobs:
-            return f"the VGF payload has no {GRAPH_TOSA}"
+        missing = [b for b in (GRAPH_TOSA, MODEL_VGF) if b not in payload.blobs]
+        if missing:
+            return f"the VGF payload has no {', '.join(missing)}"
         return self.tosa.check_loaded(subgraph, self._tosa_payload(payload))
 
     def _runs_on_vulkan(self, payload: Payload) -> bool:
