@@ -356,3 +356,50 @@ def test_an_output_that_only_reshapes_an_input_gets_its_own_buffer():
         payload = res.partitions[0].payload
         assert [io["value"] for io in payload.meta["io"] if io["kind"] == "output"] == [
             "r_copy", "c_rq", "conv_flat_copy"]
+
+
+def _dropped_output_graph(step, consumer):
+    """A strided slice that is a partition output and is read inside the partition (the fuzzer's
+    counter-example of issue 14: Vela folded the slice's final RESHAPE into the TRANSPOSE reading
+    it, and the output vanished from the command stream)."""
+    q = QuantSpec.per_tensor(0.05, 3)
+    b = GraphBuilder("dropped")
+    x = b.input("x", TensorType((1, 1, 3, 2), DType.FLOAT32))
+    c = b.op("clamp", b.op("quantize", x, out=q, name="q"), min=-100, max=100, name="c")
+    p = b.op("pad", c, pads=(0, 0, 1, 1, 0, 1, 0, 0), value=3, name="p")
+    s = b.op("slice", p, start=(0, 0, 0, 0), stop=p.type.shape, step=step, name="s")
+    t = b.op("transpose", s, perm=(0, 3, 1, 2), name="t") if consumer == "transpose" else \
+        b.op("concat", (s, s), axis=3, name="t")
+    r = b.op("reshape", t, shape=(1, t.type.numel), name="r")
+    return verify(b.build([b.op("dequantize", r, None, name="d"), s]))
+
+
+@pytest.mark.parametrize("target", [U85, U55])
+@pytest.mark.parametrize("step, consumer", [((1, 2, 2, 1), "transpose"), ((1, 1, 2, 1), "transpose"),
+                                            ((1, 2, 2, 1), "concat")])
+def test_outputs_vela_would_drop_get_their_own_buffer(target, step, consumer):
+    g = _dropped_output_graph(step, consumer)
+    prog = lower_graph(g, target)
+    assert prog.partitions, "the ops must run on the NPU for this test to mean anything"
+    x = np.random.default_rng(1).standard_normal((1, 1, 3, 2)).astype(np.float32)
+    for got, want in zip(prog.run(x), run_graph(g, [x]), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_an_aliasing_pattern_the_rules_miss_is_caught_by_compiling_again(monkeypatch):
+    """Without the movement rule, Vela drops the output; lower notices and copies every output."""
+    import qlower.backends.ethosu.backend as ethosu_backend
+
+    monkeypatch.setattr(ethosu_backend, "MOVEMENT_KINDS", frozenset())
+    g = _dropped_output_graph((1, 2, 2, 1), "transpose")
+    prog = lower_graph(g, U85)
+    copies = [op for p in prog.partitions for op in p.subgraph.ops if op.kind == "rescale"]
+    assert not copies   # the partition's own subgraph is unchanged: the copies live in its lowering
+    assert prog.partitions[0].payload.meta["tosa"]["tosa_ops"].get("RESCALE", 0) >= 2
+    x = np.random.default_rng(2).standard_normal((1, 1, 3, 2)).astype(np.float32)
+    for got, want in zip(prog.run(x), run_graph(g, [x]), strict=True):
+        np.testing.assert_array_equal(got, want)
+    from qlower.program.fileformat import program_from_bytes, program_to_bytes
+
+    monkeypatch.undo()
+    assert program_from_bytes(program_to_bytes(prog)).partitions   # the loader accepts the copied form

@@ -22,7 +22,7 @@ import numpy as np
 
 from qlower.backends.base import Backend, Payload, Verdict
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
-from qlower.backends.ethosu.vela import ACCELERATORS, IOTensor, VelaConfig, compile_tosa, vela_config
+from qlower.backends.ethosu.vela import ACCELERATORS, IOTensor, VelaConfig, VelaDroppedIO, compile_tosa, vela_config
 from qlower.backends.tosa import TosaBackend
 from qlower.errors import CompileError, ExecutionError
 from qlower.ir import DType, Graph, GraphBuilder, Op, TensorType, Value, rebuild
@@ -54,12 +54,25 @@ def boundary_type(io: IOTensor, value: Value, direction: str) -> TensorType:
     return TensorType(io.shape, dtype, value.quant)
 
 
-def aliased_outputs(graph: Graph) -> set[Value]:
-    """Outputs that are only a reshape (or chain of reshapes) of an input or of an earlier output.
+# ops that only move data: Vela may compile their TOSA form (RESHAPE, strided SLICE as RESHAPEs, ...)
+# to no command at all, its result a view of another buffer
+MOVEMENT_KINDS = frozenset({"reshape", "slice", "transpose", "concat", "pad"})
 
-    Vela compiles a reshape to no data movement, so such an output shares its buffer
-    with the tensor it reshapes and disappears from the command stream's outputs."""
+
+def aliased_outputs(graph: Graph, every: bool = False) -> set[Value]:
+    """Outputs Vela may not give a buffer of their own, so that they vanish from the command
+    stream's outputs (measured with Vela 5.2):
+
+    - an output that is only a reshape (or chain of reshapes) of an input or of an earlier
+      output: Vela compiles the reshape to no data movement, sharing the other's buffer;
+    - an output made by a data-movement op that is also read inside the partition: Vela folds
+      the movement into the reader (e.g. a strided slice, lowered to SLICE + RESHAPE, feeding a
+      TRANSPOSE) and the output tensor disappears.
+
+    With ``every``, all outputs that a copy can materialize. Only quantized per-tensor values
+    count (an exact RESCALE copies them)."""
     producer = graph.producers()
+    read_inside = {v for op in graph.ops for v in op.input_values()}
 
     def root(v: Value) -> Value:
         while v in producer and producer[v].kind == "reshape":
@@ -70,16 +83,17 @@ def aliased_outputs(graph: Graph) -> set[Value]:
     aliased = set()
     for v in graph.outputs:
         r = root(v)
-        if r in claimed and v.type.quant is not None and not v.type.quant.is_per_channel:
+        movement = v in producer and producer[v].kind in MOVEMENT_KINDS and v in read_inside
+        if (every or r in claimed or movement) and v.type.quant is not None and not v.type.quant.is_per_channel:
             aliased.add(v)  # (only quantized tensors can be copied by RESCALE)
         claimed.add(r)
     return aliased
 
 
-def materialize_aliased_outputs(graph: Graph) -> Graph:
+def materialize_aliased_outputs(graph: Graph, every: bool = False) -> Graph:
     """Give every aliased output (see ``aliased_outputs``) its own buffer: an exact identity
     RESCALE (same scale and zero point, multiplier 2^30 >> 30), which the NPU runs as a copy."""
-    aliased = aliased_outputs(graph)
+    aliased = aliased_outputs(graph, every)
     if not aliased:
         return graph
 
@@ -143,10 +157,13 @@ class EthosUBackend(Backend):
             raise CompileError(f"partition '{subgraph.name}' has no outputs: Vela has nothing to compile "
                                "(dead code; run dead-code elimination before partitioning)")
         trace = trace or self.trace
-        subgraph = materialize_aliased_outputs(subgraph)
-        tosa = self.tosa.lower(subgraph, TOSA_PROFILE, trace=trace)
+        try:
+            subgraph, tosa, result = self._compile(materialize_aliased_outputs(subgraph), config, trace)
+        except VelaDroppedIO:
+            # Vela gave an output no buffer in a way the rules of ``aliased_outputs`` don't know:
+            # copy every output it can into a buffer of its own and compile again
+            subgraph, tosa, result = self._compile(materialize_aliased_outputs(subgraph, every=True), config, trace)
         graph_tosa = tosa.blobs["graph.tosa"]
-        result = compile_tosa(graph_tosa, config, per_layer=self.per_layer, optimise=self.optimise)
         if len(result.inputs) != len(subgraph.inputs) or len(result.outputs) != len(subgraph.outputs):
             raise CompileError(f"Vela's command stream has {len(result.inputs)} inputs and {len(result.outputs)} "
                                f"outputs, the partition {len(subgraph.inputs)} and {len(subgraph.outputs)}")
@@ -179,6 +196,11 @@ class EthosUBackend(Backend):
             blobs[TRACE_BLOB] = tosa.blobs[TRACE_BLOB]
         return Payload(self.name, target, blobs, in_types, out_types, dict(tosa.tensor_map), meta)
 
+    def _compile(self, subgraph: Graph, config: VelaConfig, trace: bool):
+        tosa = self.tosa.lower(subgraph, TOSA_PROFILE, trace=trace)
+        return subgraph, tosa, compile_tosa(tosa.blobs["graph.tosa"], config, per_layer=self.per_layer,
+                                            optimise=self.optimise)
+
     def _tosa_payload(self, payload: Payload) -> Payload:
         if "graph.tosa" not in payload.blobs:
             raise ExecutionError(f"the Ethos-U payload for {payload.target} has no graph.tosa to simulate it with; "
@@ -193,7 +215,11 @@ class EthosUBackend(Backend):
         missing = [b for b in ("graph.tosa", "command_stream.bin", "read_only.bin") if b not in payload.blobs]
         if missing:
             return f"the Ethos-U payload has no {', '.join(missing)}"
-        return self.tosa.check_loaded(materialize_aliased_outputs(subgraph), self._tosa_payload(payload))
+        tosa = self._tosa_payload(payload)
+        problem = self.tosa.check_loaded(materialize_aliased_outputs(subgraph), tosa)
+        if problem is None or self.tosa.check_loaded(materialize_aliased_outputs(subgraph, every=True), tosa) is None:
+            return None   # (``lower`` copies every output when Vela drops one the rules miss)
+        return problem
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Simulated: the partition's TOSA graph on the TOSA reference model (no Ethos-U simulator here)."""

@@ -266,9 +266,13 @@ def _per_layer(db: Any) -> list[dict[str, Any]]:
     return out
 
 
+class VelaDroppedIO(CompileError):
+    """Vela's command stream has fewer inputs or outputs than the TOSA graph (it gave one no buffer)."""
+
+
 def _io(raw: list[Any], described: list[tuple[str, str, tuple[int, ...]]], what: str) -> tuple[IOTensor, ...]:
     if len(raw) != len(described):
-        raise CompileError(f"Vela reports {len(raw)} {what}s, the TOSA graph has {len(described)}")
+        raise VelaDroppedIO(f"Vela reports {len(raw)} {what}s, the TOSA graph has {len(described)}")
     return tuple(IOTensor(name, dtype, shape, tuple(int(d) for d in t.shape), int(t.element_size), int(t.size),
                           int(t.region), int(t.address))
                  for t, (name, dtype, shape) in zip(raw, described))
