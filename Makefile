@@ -14,9 +14,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# Test-only system dependencies: Vulkan (lavapipe + ML SDK) for VGF, Chromium for the HTML report.
+# Test-only system dependencies: Vulkan (lavapipe + ML SDK) for VGF, Chromium for the HTML report,
+# a C compiler with OpenMP for the native CPU kernels and the Ethos-U header test.
 TEST_STAMP := $(VENV)/.test-deps
-$(TEST_STAMP): $(STAMP) scripts/setup_vulkan.sh scripts/setup_browser.sh
+$(TEST_STAMP): $(STAMP) scripts/setup_vulkan.sh scripts/setup_browser.sh scripts/setup_compiler.sh
+	scripts/setup_compiler.sh
 	scripts/setup_browser.sh
 	scripts/setup_vulkan.sh
 	touch $(TEST_STAMP)
@@ -27,9 +29,12 @@ demo: $(STAMP)
 test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
-# the differential fuzzer with 2000 examples per target instead of CI's budget
+# every fuzz and property suite with 2000 examples instead of CI's budget, random but repeatable:
+# the seed is printed, and QLOWER_FUZZ_SEED=<seed> make fuzz runs the same examples again
 fuzz: $(TEST_STAMP)
-	QLOWER_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q -m fuzz
+	@seed=$${QLOWER_FUZZ_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
+	echo "make fuzz: hypothesis seed $$seed (repeat with QLOWER_FUZZ_SEED=$$seed make fuzz)"; \
+	QLOWER_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q -m fuzz --hypothesis-seed=$$seed
 
 lint: $(STAMP)
 	$(BIN)/ruff check qlower tests benchmarks

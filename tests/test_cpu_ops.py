@@ -189,8 +189,8 @@ def _quantized_add(b, kind, clamp, shape_a=(1, 5, 6, 8), shape_b=(1, 5, 6, 8)):
 @pytest.mark.parametrize("clamp", [False, True])
 def test_quantized_add_fuses_and_matches(kind, clamp):
     plans = check(lambda b: _quantized_add(b, kind, clamp))
-    if native.load() is not None:
-        assert plans[0].fused == [f"rescale+rescale+{kind}+rescale" + ("+clamp" if clamp else "")]
+    assert native.load() is not None, "the native CPU kernels did not build (scripts/setup_compiler.sh)"
+    assert plans[0].fused == [f"rescale+rescale+{kind}+rescale" + ("+clamp" if clamp else "")]
 
 
 def test_quantized_add_with_broadcast_is_not_fused_and_matches():

@@ -9,6 +9,7 @@ raises the number of examples (default 25).
 import os
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +19,7 @@ from qlower.testing.cpu_checks import assert_cpu_matches_reference
 from qlower.testing.graph_checks import random_inputs
 
 EXAMPLES = int(os.environ.get("QLOWER_FUZZ_EXAMPLES", "25"))
+pytestmark = pytest.mark.fuzz
 I8 = DType.INT8
 
 

@@ -5,7 +5,8 @@ ops within a documented tolerance).
 
 Budget: ``QLOWER_FUZZ_EXAMPLES`` examples per target when set (``make fuzz`` sets 2000),
 else the small per-target default below, so the file stays well under a minute on 2 cores.
-With ``CI`` set, examples are derandomized (the same every run). A failing example is
+Examples are derandomized (the same every run) unless ``make fuzz`` runs them with a printed
+seed (tests/conftest.py). A failing example is
 shrunk by hypothesis and saved to tests/regressions/ (or ``QLOWER_FUZZ_SAVE_DIR``) as
 ``<hash>.qlp`` + ``<hash>.npz``, which tests/test_fuzz_regressions.py replays on every
 target. Known, not yet fixed backend bugs (tests/regressions/known_issues.json) reject
@@ -47,7 +48,6 @@ EXAMPLES = int(os.environ.get("QLOWER_FUZZ_EXAMPLES", "0"))
 
 def fuzz_settings(target: str) -> settings:
     return settings(max_examples=EXAMPLES or DEFAULT_EXAMPLES[target], deadline=None,
-                    derandomize=bool(os.environ.get("CI")), print_blob=True,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -61,7 +61,7 @@ def test_backend_matches_reference_on_random_graphs(target):
     run()
 
 
-@settings(max_examples=max(EXAMPLES, 100), deadline=None, derandomize=bool(os.environ.get("CI")),
+@settings(max_examples=max(EXAMPLES, 100), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(case=cases())
 def test_generated_graphs_keep_the_generator_promises(case: FuzzCase):

@@ -231,8 +231,8 @@ def _layer(qb, x, kind, draw):
                  stride=(draw(st.integers(1, 2)),) * 2, pad=(pad, draw(st.integers(0, k - 1)), pad, 0))
 
 
-@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow],
-          print_blob=True)
+@pytest.mark.fuzz
+@settings(max_examples=FUZZ_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_random_quantized_graphs_are_bit_exact(data):
     draw = data.draw
