@@ -53,7 +53,7 @@ def test_example_inputs_must_be_a_tuple_not_a_bare_tensor():
                                   "the example input is torch.float32[1, 3, 8, 8]"]),
     ((X, X), ["calibration batch 1 has 2 input(s), the model takes 1"]),
     ((X.numpy(),), ["calibration batch 1 input 0 must be a torch.Tensor, got ndarray"]),
-    ((torch.full((1, 3, 8, 8), float("nan")),), ["calibration batch 1 input 0 holds NaN or infinity"]),
+    ((torch.full((1, 3, 8, 8), float("nan")),), ["calibration batch 1 input 0 holds NaN: no quantization scale"]),
     ((X.double(),), ["calibration batch 1 input 0 is torch.float64"]),
     ("not a batch", ["calibration batch 1 must be a tuple of tensors, got str"]),
 ])

@@ -15,7 +15,7 @@ import pytest
 import tosa_serializer as ts
 
 from qlower.backends.ethosu import vela
-from qlower.errors import CompileError
+from qlower.errors import CompileError, ConfigError
 
 D = ts.DType
 ACCS = ["ethos-u85-256", "ethos-u55-128"]
@@ -213,11 +213,13 @@ def test_detect_format():
     assert vela.detect_format(b"TOSA") is None
 
 
-def test_bad_configurations_are_compile_errors():
+def test_bad_configurations_are_errors():
     with pytest.raises(CompileError, match="unknown Ethos-U accelerator 'ethos-u99-1'"):
         vela.vela_config("ethos-u99-1")
-    with pytest.raises(CompileError, match="Nope"):
+    with pytest.raises(ConfigError, match="system_config='Nope' is not a system config of ethos-u85-256"):
         vela.vela_config("ethos-u85-256", system_config="Nope")
+    with pytest.raises(CompileError, match="Nope"):
+        vela.vela_config("ethos-u85-256", memory_mode="Nope")
 
 
 def test_system_config_and_memory_mode_reach_vela():

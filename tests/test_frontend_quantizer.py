@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -139,7 +141,8 @@ def test_dynamic_granularity_per_op(granularity):
         assert np.abs(ir - fq).max() <= 1e-5 * np.abs(fq).max()
 
 
-def test_progress_bar_over_calibration(capsys):
+def test_progress_bar_over_calibration(capsys, monkeypatch):
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)   # bars show on terminals only
     data = _data(3)
     _import(QuantConfig(), data=data)
     assert capsys.readouterr().err == ""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -164,8 +166,9 @@ def test_a_model_folded_to_a_constant_is_emitted_by_the_backend():
     assert not partition(g, BoxBackend(set()), "box").partitions
 
 
-def test_progress_bar_counts_every_op_then_every_partition(capsys):
+def test_progress_bar_counts_every_op_then_every_partition(capsys, monkeypatch):
     g = _chain_graph()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)   # bars show on terminals only
     partition(g, BoxBackend({"rescale", "concat"}), "box")
     assert capsys.readouterr().err == ""  # quiet unless asked
     partition(g, BoxBackend({"rescale", "concat"}), "box", progress=True)

@@ -69,8 +69,9 @@ def check_calibration(calibration: object, example: tuple[torch.Tensor, ...]) ->
             _check_tensor(x, where)
             if x.shape != e.shape or x.dtype != e.dtype:
                 raise InputError(f"{where} is {x.dtype}{list(x.shape)}, the example input is {e.dtype}{list(e.shape)}")
-            if x.is_floating_point() and not bool(torch.isfinite(x).all()):
-                raise InputError(f"{where} holds NaN or infinity: no quantization scale can be observed from it")
+            # NaN has no scale and no code (±inf may be meant: an attention mask stays float)
+            if x.is_floating_point() and bool(torch.isnan(x).any()):
+                raise InputError(f"{where} holds NaN: no quantization scale can be observed from it")
         batches.append(tuple(batch))
     return batches
 

@@ -146,7 +146,7 @@ def _summary(text: str) -> str:
 
 def run(flatbuffer: bytes, inputs: Sequence[np.ndarray], what: str = "TOSA graph") -> list[np.ndarray]:
     """Run ``flatbuffer`` on ``inputs`` (dtypes and order exactly as the graph's inputs)."""
-    request = [b"run", bytes(flatbuffer), *(to_npy(x) for x in inputs)]
+    request = [b"run", bytes(flatbuffer), *(to_npy(np.ascontiguousarray(x)) for x in inputs)]
     worker = _POOL.acquire()
     try:
         answer = worker.call(request)

@@ -60,7 +60,7 @@ def to_npy(array) -> bytes:
     import numpy as np
 
     out = io.BytesIO()
-    np.save(out, np.ascontiguousarray(array), allow_pickle=False)
+    np.save(out, np.asarray(array), allow_pickle=False)   # (a 0-d array stays 0-d)
     return out.getvalue()
 
 
