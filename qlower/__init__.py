@@ -1,15 +1,36 @@
-"""qlower: PyTorch → int8 programs for CPUs and Arm NPUs, verified stage by stage."""
+"""qlower: PyTorch → int8 programs for CPUs and Arm NPUs, verified stage by stage.
 
-import qlower._quiet  # noqa: F401  (first: filters import-time noise of torchao)
+The public names are loaded on first use (PEP 562), so ``import qlower.ir`` or
+``import qlower.reference`` loads neither torch nor the compiler's later stages, while
+``import qlower; qlower.compile(...)`` and ``qlower.zoo.get(...)`` work as users expect.
+"""
 
-# Load the verify package before binding the verify function: a package's first import
-# sets it as an attribute of qlower, which would otherwise hide ``qlower.verify(...)``.
-import qlower.verify as _verify_package  # noqa: F401,I001
-from qlower.api import compile, verify
-from qlower.backends.registry import targets
-from qlower.frontend.config import QuantConfig
-from qlower.program import Program
-from qlower.program.fileformat import load
+import importlib
+
+import qlower._quiet  # noqa: F401  (first: filters import-time noise of torchao, before anything imports it)
 
 __version__ = "0.1.0"
-__all__ = ["Program", "QuantConfig", "compile", "load", "targets", "verify"]
+
+# public name -> module that defines it
+_PUBLIC = {
+    "compile": "qlower.api", "verify": "qlower.api", "targets": "qlower.backends.registry",
+    "QuantConfig": "qlower.frontend.config", "Program": "qlower.program", "load": "qlower.program.fileformat",
+}
+# subpackages users reach as attributes without importing them
+_SUBPACKAGES = {"zoo", "errors", "ir", "reference", "verification", "program", "backends", "frontend"}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+    elif name in _SUBPACKAGES:
+        value = importlib.import_module(f"qlower.{name}")
+    else:
+        raise AttributeError(f"module 'qlower' has no attribute {name!r}")
+    globals()[name] = value   # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC) | _SUBPACKAGES)

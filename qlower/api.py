@@ -80,7 +80,7 @@ def verify(model: Any, example_inputs: Sequence[Any], target: str = "reference",
     Returns a ``VerificationReport``; ``report.ok`` is False when the target is not
     bit-exact with the reference or the reference is more than 1 step from fake-quant.
     """
-    from qlower.verify import verify_program
+    from qlower.verification import verify_program
 
     prog = compile(model, example_inputs, target, quant, calibration, progress=progress, trace=True,
                    backend_options=backend_options)

@@ -103,7 +103,7 @@ def cmd_verify(args) -> int:
     model, example, quant, calib = _load_model(args.model, args.size)
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
                           verify_passes=args.verify_passes, trace=True, backend_options=_options(args.option))
-    from qlower.verify import verify_program
+    from qlower.verification import verify_program
 
     report = verify_program(prog, [example])
     say(report.table())
@@ -182,7 +182,7 @@ def cmd_demo(args) -> int:
     import torch
 
     from qlower import zoo
-    from qlower.verify import verify_program
+    from qlower.verification import verify_program
 
     model, example, quant, calib = zoo.get("digits_cnn")
     _, _, x_test, y_test = zoo.digits.dataset()

@@ -9,7 +9,7 @@ import torch
 
 import qlower
 from qlower.errors import ConfigError, InputError, QlowerError, UnknownTargetError
-from qlower.requant import RequantRangeError, quantize_multiplier
+from qlower.ir.requant import RequantRangeError, quantize_multiplier
 
 X = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(0))
 

@@ -1,4 +1,4 @@
-"""The CPU backend's requantization (torch and native) equals qlower.requant bit for bit."""
+"""The CPU backend's requantization (torch and native) equals qlower.ir.requant bit for bit."""
 
 import zlib
 
@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from qlower import requant
 from qlower.backends.cpu import native
 from qlower.backends.cpu.quantization import Requantizer, RescaleParams, apply_scale_32
 from qlower.errors import ExecutionError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, requant
 
 NATIVE = native.load()
 
@@ -18,9 +17,9 @@ NATIVE = native.load()
 def test_the_native_kernels_are_built():
     """Every check below runs on the torch kernels and on the native C ones: a machine where the
     C kernels did not build must fail here, not quietly test only half (scripts/setup_compiler.sh)."""
-    assert NATIVE is not None, ("the native CPU kernels did not build (qlower.backends.cpu.native.load() returned "
-                                "None): install gcc with OpenMP (scripts/setup_compiler.sh), and don't set "
-                                "QLOWER_CPU_NATIVE=0 for the tests")
+    assert NATIVE is not None, (f"the native CPU kernels are not loaded: {native.unavailable_reason()}. Install gcc "
+                                "with OpenMP (scripts/setup_compiler.sh) and don't set QLOWER_CPU_NATIVE=0 for the tests")
+    assert native.unavailable_reason() is None
 
 
 def _op():

@@ -266,7 +266,7 @@ def test_c_header_compiles_and_holds_the_payload(tmp_path):
 
 
 def test_c_header_escapes_names():
-    from qlower.backends.base import Payload
+    from qlower.contract import Payload
 
     meta = {"accelerator": U55, "scratch_size": 16, "scratch_fast_size": 0,
             "io": [{"kind": "input", "value": 'we"ird\\name\n', "name": "input-0", "shape": [4], "region": 1,

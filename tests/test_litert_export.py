@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-from qlower import requant
 from qlower.backends.litert.export import export_tflite, unsupported_reason
 from qlower.backends.litert.verify import builtin_counts
 from qlower.errors import UnsupportedOpError
-from qlower.ir import DType, GraphBuilder, Origin, QuantSpec, TensorType, rebuild, verify
+from qlower.ir import DType, GraphBuilder, Origin, QuantSpec, TensorType, rebuild, requant, verify
 from qlower.reference import run_graph
 
 RNG_SEED = 20261123

@@ -23,7 +23,7 @@ from qlower.backends.tosa import TosaBackend
 from qlower.errors import CompileError, ExecutionError, InputError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
 from qlower.reference import run_graph
-from qlower.verify import verify_program
+from qlower.verification import verify_program
 
 SEED = 7
 TARGETS = ("reference", "cpu", "tosa-1.0+int")

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from qlower.backends.base import Backend, Payload, Verdict
+from qlower.contract import Backend, Payload, Verdict
 from qlower.errors import ExecutionError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
 from qlower.partition import partition

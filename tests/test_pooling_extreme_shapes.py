@@ -12,10 +12,9 @@ import math
 import numpy as np
 import pytest
 
-from qlower import requant
 from qlower.backends.cpu import prepare
 from qlower.errors import ExecutionError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, requant, verify
 from qlower.reference import run_graph
 
 I8, I16, I32, F32 = DType.INT8, DType.INT16, DType.INT32, DType.FLOAT32

@@ -18,7 +18,7 @@ import pytest
 import safetensors.numpy
 
 from qlower.backends import registry
-from qlower.backends.base import Payload
+from qlower.contract import Payload
 from qlower.errors import InputError, InvalidProgramError, VerificationError
 from qlower.ir import OPS, Graph, GraphBuilder, Op, QuantSpec, Value, print_graph, verify
 from qlower.partition import Partition

@@ -1,8 +1,8 @@
-"""qlower.requant: multiplier derivation, apply_scale_32, and bit-exactness with TOSA RESCALE.
+"""qlower.ir.requant: multiplier derivation, apply_scale_32, and bit-exactness with TOSA RESCALE.
 
 The key test runs TOSA 1.0 RESCALE (and RESCALE + CLAMP) on the official TOSA
 reference model over thousands of random values per graph and compares with
-``qlower.requant.rescale`` exactly. Everything else is checked against exact
+``qlower.ir.requant.rescale`` exactly. Everything else is checked against exact
 rational arithmetic (``fractions.Fraction``) or hand-derived integers.
 """
 
@@ -18,7 +18,7 @@ import pytest
 import tosa_reference_model as trm
 import tosa_serializer as ts
 
-from qlower.requant import (
+from qlower.ir.requant import (
     MAX_SHIFT,
     Multiplier,
     RequantRangeError,

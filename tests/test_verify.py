@@ -12,7 +12,7 @@ import torch
 import qlower
 from qlower import zoo
 from qlower.backends.tosa import lowering as tosa_lowering
-from qlower.verify import verify_program
+from qlower.verification import verify_program
 
 
 @pytest.fixture(scope="module")

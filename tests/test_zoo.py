@@ -46,7 +46,7 @@ def zoo_cache(tmp_path_factory: pytest.TempPathFactory):
     """Point the digits cache at a fresh directory for this module (trained at most once here)."""
     path = tmp_path_factory.mktemp("qlower_cache")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("QLOWER_CACHE", str(path))
+        mp.setenv("QLOWER_CACHE_DIR", str(path))
         yield path
 
 
@@ -292,7 +292,7 @@ def test_digits_trains_caches_and_reloads(zoo_cache, monkeypatch, tmp_path):
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
 
     # a corrupt cache file is replaced by a retrained one (in another directory: keep the shared cache good)
-    monkeypatch.setenv("QLOWER_CACHE", str(tmp_path))
+    monkeypatch.setenv("QLOWER_CACHE_DIR", str(tmp_path))
     path = digits.cache_path()
     path.write_bytes(b"not a safetensors file")
     monkeypatch.setattr(digits, "train", lambda x, y: digits.DigitsCNN().eval())

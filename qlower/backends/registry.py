@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from qlower.backends.base import Backend
+from qlower.contract import Backend
 from qlower.errors import ConfigError, UnknownTargetError
 
 # target -> (module, class); "reference" and "cpu" run the whole graph on the host.
@@ -38,10 +38,6 @@ HOST_TARGETS = ("reference", "cpu")
 
 def targets() -> list[str]:
     return list(HOST_TARGETS) + sorted(_NPU_TARGETS)
-
-
-def register_target(target: str, module: str, cls: str) -> None:
-    _NPU_TARGETS[target] = (module, cls)
 
 
 def _backend_class(target: str, options: Mapping[str, Any] | None) -> type[Backend] | None:

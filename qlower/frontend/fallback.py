@@ -17,7 +17,7 @@ from torch.utils import _pytree as pytree
 from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
 from qlower.ir import DType, QuantSpec, TensorType, Value
-from qlower.ir.opdefs import ATEN_DTYPES
+from qlower.ir.ops_calls import ATEN_DTYPES
 from qlower.reference.aten_fallback import Operand, dtype_name, encode_call, fallback_reason, is_core_aten
 
 PLAIN_INT32 = QuantSpec.plain_integer(DType.INT32)

@@ -8,7 +8,7 @@ input or by one op, and never changes: passes build new graphs (through
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,9 +40,6 @@ class TensorType:
     @property
     def nbytes(self) -> int:
         return self.numel * self.dtype.itemsize
-
-    def with_shape(self, shape: Iterable[int]) -> TensorType:
-        return TensorType(tuple(shape), self.dtype, self.quant)
 
     def __str__(self) -> str:
         dims = "x".join(str(d) for d in self.shape) if self.shape else "scalar"

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
-from qlower.backends.base import Backend, Payload, Verdict
+from qlower.contract import Backend, Payload, Verdict
 from qlower.errors import CompileError
 from qlower.ir import Graph, GraphBuilder, Op, TensorType, Value
 from qlower.progress import progress_bar

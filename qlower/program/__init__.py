@@ -1,5 +1,5 @@
-"""Compiled programs (and, later, their file format)."""
+"""Compiled programs: what a program holds (program.py) and its file format (fileformat.py)."""
 
-from qlower.program.program import Program, as_numpy
+from qlower.program.program import Program
 
-__all__ = ["Program", "as_numpy"]
+__all__ = ["Program"]

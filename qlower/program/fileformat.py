@@ -48,23 +48,12 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from qlower.backends.base import Backend, Payload
+from qlower.contract import Backend, Payload
 from qlower.errors import InvalidProgramError, SaveError
 from qlower.ir import Graph, verify
 from qlower.partition import HostDecision, Partition
-from qlower.program.irjson import (
-    TensorReader,
-    TensorWriter,
-    as_int,
-    as_list,
-    as_obj,
-    as_str,
-    dec_type,
-    decode_graph,
-    enc_type,
-    encode_graph,
-    fail,
-)
+from qlower.program.irjson import TensorReader, TensorWriter, dec_type, decode_graph, enc_type, encode_graph
+from qlower.program.jsonchecks import as_int, as_list, as_obj, as_str, fail
 from qlower.program.program import Program
 
 MAGIC = b"\x89QLOWER\n"

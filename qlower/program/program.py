@@ -8,29 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from qlower.backends.base import Backend
-from qlower.backends.registry import backend_for
-from qlower.errors import InputError
 from qlower.ir import Graph, print_graph
 from qlower.partition import HostDecision, Partition
-
-
-def as_numpy(x: Any, what: str = "input") -> np.ndarray:
-    """Torch tensors and array-likes as NumPy arrays (no copy when possible); an InputError naming
-    ``what`` for a tensor NumPy can't hold (bfloat16, a meta or other non-CPU device)."""
-    if hasattr(x, "detach"):
-        device = getattr(getattr(x, "device", None), "type", "cpu")
-        if device != "cpu":
-            raise InputError(f"{what} is a tensor on device '{device}'; qlower runs on CPU tensors or NumPy arrays")
-        try:
-            return x.detach().numpy()
-        except (TypeError, RuntimeError) as e:   # bfloat16 and other dtypes NumPy lacks
-            raise InputError(f"{what} is a {getattr(x, 'dtype', type(x).__name__)} tensor, which NumPy can't "
-                             f"hold ({e}); pass float32") from None
-    try:
-        return np.asarray(x)
-    except (TypeError, ValueError) as e:
-        raise InputError(f"{what} can't be read as an array: {e}") from None
 
 
 @dataclass
@@ -51,32 +30,19 @@ class Program:
     frontend: Any = field(default=None, repr=False)  # the FrontendResult, when compiled in this process
     _runner: Any = field(default=None, repr=False)
 
-    # -- running ----------------------------------------------------------------
-    def _backends(self) -> dict[str, Backend]:
-        backends: dict[str, Backend] = {}
-        for p in self.partitions:
-            if p.backend not in backends:
-                backends[p.backend] = backend_for(p.target)
-        return backends
-
+    # -- running (qlower/runtime executes; a Program only holds what it runs) -----
     def runner(self):
+        """The executor of this program (built once): see ``qlower.runtime.runner_for``."""
         if self._runner is None:
-            if self.target == "cpu":
-                from qlower.backends.cpu import prepare
+            from qlower.runtime import runner_for
 
-                self._runner = prepare(self.graph, threads=self.meta.get("threads"))
-            elif self.target == "reference":
-                from qlower.runtime.runner import ReferenceRunner
-
-                self._runner = ReferenceRunner(self.graph)
-            else:
-                from qlower.runtime.runner import Runner
-
-                self._runner = Runner(self.graph, self.partitions, self._backends(), threads=self.meta.get("threads"))
+            self._runner = runner_for(self.target, self.graph, self.partitions, threads=self.meta.get("threads"))
         return self._runner
 
     def run(self, *inputs: Any) -> list[np.ndarray]:
         """Run on NumPy arrays or torch tensors (PyTorch layout, like the model); returns NumPy arrays."""
+        from qlower.runtime import as_numpy
+
         return self.runner().run([as_numpy(x, f"input {i}") for i, x in enumerate(inputs)])
 
     # -- inspecting ---------------------------------------------------------------

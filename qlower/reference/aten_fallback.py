@@ -20,26 +20,42 @@ import json
 import math
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from qlower.errors import InvalidProgramError
 from qlower.ir import Op
 from qlower.reference.registry import kernel
 
+if TYPE_CHECKING:
+    import torch
+
 MAX_ARGS_CHARS = 1 << 16
 MAX_DEPTH = 6
 _NAME = re.compile(r"^aten\.([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)$")
 _SPECIAL = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
-TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-                "bfloat16": torch.bfloat16, "bool": torch.bool, "int64": torch.int64, "int32": torch.int32,
-                "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8}
-_DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-_LAYOUTS = {"strided": torch.strided}
-_MEMORY_FORMATS = {"contiguous_format": torch.contiguous_format, "preserve_format": torch.preserve_format,
-                   "channels_last": torch.channels_last}
+
+
+# torch is imported on first use, not with the reference interpreter: a graph without float
+# fallback ops runs with NumPy alone (and `import qlower.reference` stays light)
+@functools.cache
+def _torch():
+    import torch
+
+    return torch
+
+
+@functools.cache
+def _tables() -> tuple[dict, dict, dict, dict]:
+    """(dtype by name, name by dtype, layouts, memory formats) that stored calls may name."""
+    torch = _torch()
+    dtypes = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+              "bfloat16": torch.bfloat16, "bool": torch.bool, "int64": torch.int64, "int32": torch.int32,
+              "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8}
+    return (dtypes, {v: k for k, v in dtypes.items()}, {"strided": torch.strided},
+            {"contiguous_format": torch.contiguous_format, "preserve_format": torch.preserve_format,
+             "channels_last": torch.channels_last})
 
 
 class Operand:
@@ -53,7 +69,7 @@ class Operand:
 
 def dtype_name(dtype: torch.dtype) -> str:
     try:
-        return _DTYPE_NAMES[dtype]
+        return _tables()[1][dtype]
     except KeyError:
         raise TypeError(f"tensors of dtype {dtype} can't cross into the float fallback") from None
 
@@ -61,6 +77,7 @@ def dtype_name(dtype: torch.dtype) -> str:
 @functools.lru_cache(maxsize=512)
 def resolve(target: str) -> torch._ops.OpOverload:
     """The OpOverload named ``aten.NAME.OVERLOAD``; only deterministic core ATen ops are accepted."""
+    torch = _torch()
     m = _NAME.match(target) if isinstance(target, str) else None
     if m is None:
         raise InvalidProgramError(f"float fallback target {str(target)[:60]!r} is not an aten op name "
@@ -94,6 +111,8 @@ def is_core_aten(target: Any) -> bool:
 # -- arguments as JSON ----------------------------------------------------------------------
 
 def _enc(x: Any) -> Any:
+    torch = _torch()
+    _, _, layouts, memory_formats = _tables()
     if x is None or isinstance(x, (bool, str)):
         return x
     if isinstance(x, Operand):
@@ -108,10 +127,10 @@ def _enc(x: Any) -> Any:
         return {"dtype": dtype_name(x)}
     if isinstance(x, torch.device):
         return {"device": "cpu"}
-    if isinstance(x, torch.layout) and x in _LAYOUTS.values():
+    if isinstance(x, torch.layout) and x in layouts.values():
         return {"layout": "strided"}
     if isinstance(x, torch.memory_format):
-        for k, v in _MEMORY_FORMATS.items():
+        for k, v in memory_formats.items():
             if v == x:
                 return {"memory_format": k}
     raise TypeError(f"an argument of type {type(x).__name__} ({str(x)[:40]}) can't be stored")
@@ -133,18 +152,19 @@ def _dec(x: Any, tensors: Sequence[torch.Tensor], depth: int) -> Any:
     if type(x) is not dict or len(x) != 1:
         raise InvalidProgramError(f"float fallback argument {str(x)[:60]} is not a value, a list or a tag")
     ((tag, body),) = x.items()
+    dtypes, _, layouts, memory_formats = _tables()
     if tag == "input" and type(body) is int and 0 <= body < len(tensors):
         return tensors[body]
     if tag == "float" and body in _SPECIAL:
         return _SPECIAL[body]
-    if tag == "dtype" and body in TORCH_DTYPES:
-        return TORCH_DTYPES[body]
+    if tag == "dtype" and body in dtypes:
+        return dtypes[body]
     if tag == "device" and body == "cpu":
-        return torch.device("cpu")
-    if tag == "layout" and body in _LAYOUTS:
-        return _LAYOUTS[body]
-    if tag == "memory_format" and body in _MEMORY_FORMATS:
-        return _MEMORY_FORMATS[body]
+        return _torch().device("cpu")
+    if tag == "layout" and body in layouts:
+        return layouts[body]
+    if tag == "memory_format" and body in memory_formats:
+        return memory_formats[body]
     raise InvalidProgramError(f"float fallback argument {str(x)[:60]} has an unknown tag or a bad value")
 
 
@@ -166,9 +186,11 @@ def decode_call(text: str, tensors: Sequence[torch.Tensor]) -> tuple[list, dict]
 def check_call(op: Op) -> str | None:
     """Why ``op``'s stored call can't be run, or None: the target, the arguments, and the result
     types the op really produces (computed on meta tensors: no data is touched)."""
+    torch = _torch()
+    dtypes, names, _, _ = _tables()
     try:
         fn = resolve(op.attrs["target"])
-        metas = [torch.empty(v.shape, dtype=TORCH_DTYPES[d], device="meta")
+        metas = [torch.empty(v.shape, dtype=dtypes[d], device="meta")
                  for v, d in zip(op.operands[0], op.attrs["in_dtypes"])]
         args, kwargs = decode_call(op.attrs["args"], metas)
     except InvalidProgramError as e:
@@ -179,7 +201,7 @@ def check_call(op: Op) -> str | None:
     except Exception as e:  # noqa: BLE001 - any failure of the op on these arguments makes the call invalid
         return f"{op.attrs['target']} rejects its stored arguments: {type(e).__name__}: {str(e)[:160]}"
     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-    got = [(tuple(o.shape), _DTYPE_NAMES.get(o.dtype)) if isinstance(o, torch.Tensor) else None for o in outs]
+    got = [(tuple(o.shape), names.get(o.dtype)) if isinstance(o, torch.Tensor) else None for o in outs]
     want = [(t.shape, d) for t, d in zip(op.attrs["out_types"], op.attrs["out_dtypes"])]
     if got != want:
         return f"{op.attrs['target']} produces {got}, but its results are typed {want}"
@@ -191,8 +213,9 @@ def check_call(op: Op) -> str | None:
 def call(op: Op, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     """Run the ATen op on torch tensors (converted to ``in_dtypes``); results as the IR holds them
     (float32, bool, or int32 with a range check)."""
+    torch = _torch()
     fn = resolve(op.attrs["target"])
-    tensors = [x.to(TORCH_DTYPES[d]) for x, d in zip(inputs, op.attrs["in_dtypes"])]
+    tensors = [x.to(_tables()[0][d]) for x, d in zip(inputs, op.attrs["in_dtypes"])]
     args, kwargs = decode_call(op.attrs["args"], tensors)
     with torch.no_grad():
         out = fn(*args, **kwargs)
@@ -213,5 +236,5 @@ def call(op: Op, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
 
 @kernel("aten")
 def _aten(op: Op, inputs):
-    outs = call(op, [torch.from_numpy(np.array(x, copy=True, order="C")) for x in inputs])
+    outs = call(op, [_torch().from_numpy(np.array(x, copy=True, order="C")) for x in inputs])
     return tuple(o.numpy() for o in outs)

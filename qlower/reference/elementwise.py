@@ -6,8 +6,7 @@ import math
 
 import numpy as np
 
-from qlower import requant
-from qlower.ir import Op
+from qlower.ir import Op, requant
 from qlower.reference.registry import kernel
 
 

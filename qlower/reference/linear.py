@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from qlower.ir import Op, TensorType
+from qlower.ir.type_rules import window_output_size
 from qlower.reference.registry import kernel
 
 _EXACT_FLOAT_BOUND = 2**53
@@ -60,8 +61,7 @@ def conv2d_nhwc(x: np.ndarray, w: np.ndarray, stride, dilation, pad, groups: int
     o, kh, kw, ci = w.shape
     (sh, sw), (dh, dw), (pt, pb, pl, pr) = stride, dilation, pad
     xp = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
-    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
-    ow = (wd + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    oh, ow = window_output_size(h, kh, sh, dh, pt, pb), window_output_size(wd, kw, sw, dw, pl, pr)
     out = np.zeros((n, oh, ow, o), dtype=np.float64)
     og = o // groups
     depthwise = ci == 1 and groups == c

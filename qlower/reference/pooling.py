@@ -26,8 +26,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from qlower import requant
-from qlower.ir import Op
+from qlower.ir import Op, requant
 from qlower.reference.registry import kernel
 
 

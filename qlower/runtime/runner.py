@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from qlower.backends.base import Backend
+from qlower.contract import Backend
 from qlower.ir import Graph
 from qlower.partition import Partition
 from qlower.reference import run_graph

@@ -1,6 +1,6 @@
 """Differential checks: a graph run on a backend target against the reference interpreter.
 
-``check_target(graph, inputs, target)`` runs the graph the way a program on that
+``check_against_reference(graph, inputs, target)`` runs the graph the way a program on that
 target runs it (``qlower.api.lower_graph(graph, target).run``) and compares every
 output with ``qlower.reference.run_graph``:
 
@@ -48,7 +48,9 @@ import numpy as np
 from qlower.ir import Graph
 from qlower.reference import run_graph
 
-TARGETS = ("tosa-1.0+int", "tosa-1.0+int+fp", "cpu", "ethos-u85-256", "vgf+int", "vgf", "litert")
+# both Ethos-U families: Vela (and what it accepts) differs between U55 and U85
+TARGETS = ("tosa-1.0+int", "tosa-1.0+int+fp", "cpu", "ethos-u85-256", "ethos-u55-128", "vgf+int", "vgf",
+           "litert")
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,7 @@ def _difference(want: np.ndarray, got: np.ndarray, tol: Tolerance) -> str | None
     return f"{detail} ({tol})"
 
 
-def check_target(graph: Graph, inputs: Sequence[np.ndarray], target: str) -> None:
+def check_against_reference(graph: Graph, inputs: Sequence[np.ndarray], target: str) -> None:
     """Raise DifferentialMismatch unless ``target`` reproduces the reference's outputs.
 
     Any error of the backend (CompileError, ExecutionError, or a crash) on a graph the
@@ -268,7 +270,7 @@ def _final_example() -> bool:
 
 def fuzz_check(graph: Graph, inputs: Sequence[np.ndarray], target: str, save_dir: str | Path | None,
                known: Sequence[KnownIssue] = ()) -> None:
-    """``check_target`` inside a hypothesis test.
+    """``check_against_reference`` inside a hypothesis test.
 
     A mismatch matching a known issue rejects the example (``hypothesis.reject``): that bug
     is tracked by its saved case. Any other mismatch fails the test; in the final replay of
@@ -276,7 +278,7 @@ def fuzz_check(graph: Graph, inputs: Sequence[np.ndarray], target: str, save_dir
     notes the file, so that it can become a regression test (tests/test_fuzz_regressions.py).
     """
     try:
-        check_target(graph, inputs, target)
+        check_against_reference(graph, inputs, target)
     except DifferentialMismatch as e:
         if any(k.matches(target, str(e)) for k in known):
             from hypothesis import reject

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from qlower.backends.base import Backend, Payload, Verdict
+from qlower.contract import Backend, Payload, Verdict
 from qlower.ir import DType, Graph, GraphBuilder, Origin, QuantSpec, TensorType, verify
 from qlower.partition import partition
 from qlower.program.program import Program

@@ -2,7 +2,7 @@
 
 Training is deterministic in its data (fixed stratified split, seed ``SEED``)
 and takes a few seconds on a CPU. The trained weights are stored as
-safetensors (no pickle) in ``$QLOWER_CACHE`` or ``~/.cache/qlower``; the file
+safetensors (no pickle) in ``$QLOWER_CACHE_DIR`` or ``~/.cache/qlower``; the file
 name carries a version, so a change of architecture or recipe never loads stale
 weights. A cache file that can't be read, or doesn't match the architecture, is
 retrained and overwritten. Writes are atomic, so concurrent test workers are safe.
@@ -68,8 +68,8 @@ def dataset() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
 
 
 def cache_dir() -> Path:
-    """``$QLOWER_CACHE`` if set, else ``~/.cache/qlower``."""
-    env = os.environ.get("QLOWER_CACHE")
+    """``$QLOWER_CACHE_DIR`` if set, else ``~/.cache/qlower`` (the cache of the native kernels too)."""
+    env = os.environ.get("QLOWER_CACHE_DIR")
     return Path(env) if env else Path.home() / ".cache" / "qlower"
 
 

@@ -1,7 +1,7 @@
 /* Fused integer kernels of the qlower CPU backend (loaded by native.py with ctypes).
  *
  * Every function reproduces, element by element, the arithmetic of
- * qlower/requant.py (TOSA 1.0 apply_scale_32) and of the reference interpreter:
+ * qlower/ir/requant.py (TOSA 1.0 apply_scale_32) and of the reference interpreter:
  *   v = x + offset            (offset: folded bias/zero-point terms of a GEMM; the sum must fit int32)
  *   v = v - in_zp
  *   REQUIRE -h <= v < h, h = min(2**(s-1), 2**31)   (in range for the shift, and an int32)

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from qlower.backends.base import Backend, Payload, Verdict
 from qlower.backends.cpu.context import BUILDERS
+from qlower.contract import Backend, Payload, Verdict
 from qlower.ir import DType, Graph, Op
 
 _DIRECT = "cpu runs the host graph directly: use qlower.backends.cpu.prepare(graph)"

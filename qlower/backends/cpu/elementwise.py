@@ -3,13 +3,10 @@
 Integer ops are computed in int64 and checked to fit int32, exactly as the
 reference interpreter (TOSA 1.0 semantics: MUL rounds half up before its shift,
 INTDIV truncates toward zero). Float ops use float32 for +, -, * (IEEE, hence
-identical to NumPy) and, like the reference, float64 NumPy for the
-transcendental ops and softmax, so that they are bit-identical to it.
+identical to NumPy); the transcendental ops and softmax call the reference's kernels.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
@@ -18,6 +15,7 @@ from qlower.backends.cpu.context import BuildContext, Kernel, builder
 from qlower.backends.cpu.tensor_utils import check_int32, execution_error
 from qlower.errors import UnsupportedOpError
 from qlower.ir import Op
+from qlower.reference import KERNELS as REFERENCE_KERNELS
 
 
 @builder("clamp")
@@ -90,32 +88,9 @@ def _select(op: Op, ctx: BuildContext) -> Kernel:
     return torch.where
 
 
-def _numpy_float(fn) -> Kernel:
-    def run(x: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(np.ascontiguousarray(fn(x.numpy().astype(np.float64)).astype(np.float32)))
-    return run
-
-
-_erf = np.frompyfunc(math.erf, 1, 1)
-_FLOAT_UNARY = {
-    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
-    "tanh": np.tanh,
-    "exp": np.exp,
-    "erf": lambda x: _erf(x).astype(np.float64),
-    "reciprocal": lambda x: 1.0 / x,
-}
-
-
-@builder(*_FLOAT_UNARY)
-def _float_unary(op: Op, ctx: BuildContext) -> Kernel:
-    return _numpy_float(_FLOAT_UNARY[op.kind])
-
-
-@builder("softmax")
-def _softmax(op: Op, ctx: BuildContext) -> Kernel:
-    axis = op.attrs["axis"]
-
-    def fn(x: np.ndarray) -> np.ndarray:
-        e = np.exp(x - x.max(axis=axis, keepdims=True))
-        return e / e.sum(axis=axis, keepdims=True)
-    return _numpy_float(fn)
+@builder("sigmoid", "tanh", "exp", "erf", "reciprocal", "softmax")
+def _float_by_reference(op: Op, ctx: BuildContext) -> Kernel:
+    """Float transcendental ops and softmax run the reference's own kernels (float64 NumPy): one
+    definition, so the CPU is bit-identical to the reference by construction, not by copying."""
+    fn = REFERENCE_KERNELS[op.kind]
+    return lambda x: torch.from_numpy(np.ascontiguousarray(fn(op, x.numpy()), dtype=np.float32))

@@ -41,7 +41,9 @@ class FusedGroup:
         return "+".join(op.kind for op in self.ops)
 
 
-class GraphFacts:
+class FusionContext:
+    """What the fusion matchers read about the graph: each value's users and producer, and its outputs."""
+
     def __init__(self, graph: Graph) -> None:
         self.users = graph.users()
         self.producers = graph.producers()
@@ -55,10 +57,10 @@ class GraphFacts:
         return None if value is None else self.producers.get(value)
 
 
-Matcher = Callable[[Op, GraphFacts, dict[Op, Kernel], BuildContext], FusedGroup | None]
+Matcher = Callable[[Op, FusionContext, dict[Op, Kernel], BuildContext], FusedGroup | None]
 
 
-def _int_clamp(facts: GraphFacts, value: Value) -> Op | None:
+def _int_clamp(facts: FusionContext, value: Value) -> Op | None:
     user = facts.sole_user(value)
     if user is None or user.kind != "clamp":
         return None
@@ -66,7 +68,7 @@ def _int_clamp(facts: GraphFacts, value: Value) -> Op | None:
     return user if float(lo).is_integer() and float(hi).is_integer() else None
 
 
-def match_conv_requant(op: Op, facts: GraphFacts, kernels: dict[Op, Kernel], ctx: BuildContext) -> FusedGroup | None:
+def match_conv_requant(op: Op, facts: FusionContext, kernels: dict[Op, Kernel], ctx: BuildContext) -> FusedGroup | None:
     if op.kind not in ("conv2d", "fully_connected") or op.result.type.quant is None:
         return None
     if op.result.type.quant.dynamic or not isinstance(kernels[op], GemmConv | DirectConv):
@@ -82,7 +84,7 @@ def match_conv_requant(op: Op, facts: GraphFacts, kernels: dict[Op, Kernel], ctx
     return FusedGroup(ops, tuple(op.operands), (ops[-1].result,), kernel)
 
 
-def _int8_to_int32_rescale(facts: GraphFacts, value: Value, add: Op) -> Op | None:
+def _int8_to_int32_rescale(facts: FusionContext, value: Value, add: Op) -> Op | None:
     op = facts.producer(value)
     if op is None or op.kind != "rescale" or facts.sole_user(value) is not add:
         return None
@@ -99,7 +101,7 @@ def _rescale_vector(op: Op) -> list[int]:
     return [int(p.in_zp[0]), int(p.mult[0]), int(p.shift[0]), half, int(rp[0]), int(rn[0]), p.out_zp, p.qmin, p.qmax]
 
 
-def match_quantized_add(op: Op, facts: GraphFacts, kernels: dict[Op, Kernel], ctx: BuildContext) -> FusedGroup | None:
+def match_quantized_add(op: Op, facts: FusionContext, kernels: dict[Op, Kernel], ctx: BuildContext) -> FusedGroup | None:
     if ctx.native is None or op.kind not in ("add", "sub") or op.result.type.quant is None:
         return None
     a, b = op.operands
@@ -132,7 +134,7 @@ def match_quantized_add(op: Op, facts: GraphFacts, kernels: dict[Op, Kernel], ct
     return FusedGroup(ops, (ra.operands[0], rb.operands[0]), (last.result,), kernel)
 
 
-def match_dynamic(op: Op, facts: GraphFacts, kernels: dict[Op, Kernel], ctx: BuildContext) -> FusedGroup | None:
+def match_dynamic(op: Op, facts: FusionContext, kernels: dict[Op, Kernel], ctx: BuildContext) -> FusedGroup | None:
     if op.kind not in ("conv2d", "fully_connected") or op.result.type.quant is None:
         return None
     codes = op.operands[0]
@@ -165,7 +167,7 @@ MATCHERS: tuple[Matcher, ...] = (match_dynamic, match_conv_requant, match_quanti
 
 def find_groups(graph: Graph, kernels: dict[Op, Kernel], ctx: BuildContext) -> list[FusedGroup]:
     """Non-overlapping fused groups, found by trying each matcher on each op in order."""
-    facts = GraphFacts(graph)
+    facts = FusionContext(graph)
     claimed: set[Op] = set()
     groups = []
     for op in graph.ops:

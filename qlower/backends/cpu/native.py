@@ -36,6 +36,7 @@ _RESCALE_TYPES = {torch.int8: "i8", torch.int16: "i16", torch.int32: "i32"}
 _lock = threading.Lock()
 _loaded: NativeKernels | None = None
 _tried = False
+_failure = ""  # why the last build attempt gave no library
 
 
 def _cpu_fingerprint() -> str:
@@ -122,8 +123,9 @@ class NativeKernels:
 
 
 def load() -> NativeKernels | None:
-    """The native kernels, building them on first use; None when disabled or unavailable."""
-    global _loaded, _tried
+    """The native kernels, building them on first use; None when disabled or unavailable
+    (``unavailable_reason()`` says why)."""
+    global _loaded, _tried, _failure
     if os.environ.get("QLOWER_CPU_NATIVE", "1") == "0":
         return None
     with _lock:
@@ -131,12 +133,20 @@ def load() -> NativeKernels | None:
             _tried = True
             compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
             if compiler is None:
-                warnings.warn("qlower cpu: no C compiler found; using the (slower) torch kernels", stacklevel=2)
-                return None
-            try:
-                _loaded = NativeKernels(_build(compiler))
-            except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-                warnings.warn(f"qlower cpu: building the native kernels failed ({e}); "
-                              "using the (slower) torch kernels", stacklevel=2)
-                _loaded = None
+                _failure = "no C compiler found ($CC, cc or gcc)"
+            else:
+                try:
+                    _loaded = NativeKernels(_build(compiler))
+                except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+                    _failure = f"building {SOURCE.name} with {compiler} failed: {e}"
+            if _loaded is None:
+                warnings.warn(f"qlower cpu: {_failure}; using the (slower) torch kernels", stacklevel=2)
         return _loaded
+
+
+def unavailable_reason() -> str | None:
+    """Why ``load()`` returns None (disabled, no compiler, or the build's error), or None when
+    the native kernels are loaded."""
+    if os.environ.get("QLOWER_CPU_NATIVE", "1") == "0":
+        return "disabled by QLOWER_CPU_NATIVE=0"
+    return None if load() is not None else _failure

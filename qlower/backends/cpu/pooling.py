@@ -19,12 +19,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qlower import requant
 from qlower.backends.cpu.context import BuildContext, Kernel, builder
 from qlower.backends.cpu.gemm import input_amax
 from qlower.backends.cpu.quantization import apply_scale_32
 from qlower.backends.cpu.tensor_utils import INT32_MAX, check_int32, execution_error, torch_dtype
-from qlower.ir import Op
+from qlower.ir import Op, requant
 from qlower.reference.pooling import geometry, pool_counts, reciprocal_scale
 
 

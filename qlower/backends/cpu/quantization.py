@@ -1,12 +1,12 @@
 """Kernels that change a value's domain: rescale, quantize, dequantize, dynamic_quantize, cast, table.
 
-Requantization multipliers and shifts come from ``qlower.requant`` (never
+Requantization multipliers and shifts come from ``qlower.ir.requant`` (never
 re-derived here). ``apply_scale_32`` below is the same int64 arithmetic as
-``qlower.requant.apply_scale_32`` written with torch tensor ops (multithreaded);
+``qlower.ir.requant.apply_scale_32`` written with torch tensor ops (multithreaded);
 ``Requantizer`` applies a whole RESCALE (optionally preceded by a GEMM's folded
 per-channel offset and followed by a clamp) with the native kernel when the
 channels are the last axis, else with torch ops. Tests check all of them equal
-``qlower.requant`` / the reference interpreter bit for bit.
+``qlower.ir.requant`` / the reference interpreter bit for bit.
 
 quantize / dequantize / dynamic_quantize use float32 operations in the same order
 as the reference (IEEE float32 multiply, divide and round-half-even are exact
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from qlower import requant
 from qlower.backends.cpu import native as native_mod
 from qlower.backends.cpu.context import BuildContext, Kernel, builder
 from qlower.backends.cpu.tensor_utils import (
@@ -33,16 +32,16 @@ from qlower.backends.cpu.tensor_utils import (
     torch_dtype,
 )
 from qlower.errors import UnsupportedOpError
-from qlower.ir import DType, Op, QuantSpec
+from qlower.ir import DType, Op, QuantSpec, requant
 
 _EPS = float(np.finfo(np.float32).eps)
 
 
 def apply_scale_32(value: torch.Tensor, multiplier: torch.Tensor, shift: torch.Tensor,
                    double_round: bool = False, check: bool = True) -> torch.Tensor:
-    """``qlower.requant.apply_scale_32`` on int64 torch tensors: same arithmetic, same REQUIRE
+    """``qlower.ir.requant.apply_scale_32`` on int64 torch tensors: same arithmetic, same REQUIRE
     (the value an int32 in ``[-2**(shift-1), 2**(shift-1))``; multipliers and shifts are taken
-    as valid, they come from ``qlower.requant.quantize_multiplier``)."""
+    as valid, they come from ``qlower.ir.requant.quantize_multiplier``)."""
     value = value.to(torch.int64)
     half = torch.bitwise_left_shift(torch.ones_like(shift), shift - 1)
     if check and value.numel():

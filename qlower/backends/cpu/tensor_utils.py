@@ -23,7 +23,7 @@ TORCH_DTYPES: dict[DType, torch.dtype] = {
     DType.FLOAT32: torch.float32,
 }
 
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+INT32_MIN, INT32_MAX = DType.INT32.min, DType.INT32.max   # (the IR's bounds, by name for the kernels)
 
 
 def torch_dtype(dtype: DType) -> torch.dtype:

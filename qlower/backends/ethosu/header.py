@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from qlower.backends.base import Payload
+from qlower.contract import Payload
 from qlower.errors import CompileError
 
 _BYTES_PER_LINE = 16

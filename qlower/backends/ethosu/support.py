@@ -16,6 +16,9 @@ An op goes to the NPU only when all of these hold, checked in this order:
    exception, often naming only the operator type, so each op is compiled as a
    one-op TOSA graph (about 1 ms) and Vela's own message becomes the reason
    ("Vela (ethos-u55-128): Non-passthrough operation (Div) could not run on NPU").
+   Before that, ops of a pattern that crashes Vela (a segmentation fault: no
+   exception to turn into a verdict, the process dies) are refused with the
+   reason measured (``vela_crash``); the one-op graph alone would not show it.
 
 Verdicts are cached per (accelerator, op kind, operand and result types, which
 operands are constant and their data, attributes), so asking again is free.
@@ -34,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from qlower.backends.base import Verdict
 from qlower.backends.ethosu.vela import VelaConfig, VelaRejection, compile_tosa
+from qlower.contract import Verdict
 from qlower.errors import CompileError, UnsupportedOpError
 from qlower.ir import Graph, GraphBuilder, Op, Value
 from qlower.ir.opdefs import op_def
@@ -158,6 +161,24 @@ def vela_verdict(op: Op, config: VelaConfig, facts: GraphFacts, lower: LowerToTo
     return verdict
 
 
+def vela_crash(op: Op, config: VelaConfig) -> str | None:
+    """Why Vela 5.2 would crash compiling a partition holding ``op``, or None (measured).
+
+    A grouped convolution (groups > 1, not depthwise: TOSA lowers it to one CONV2D per group
+    and a CONCAT) with batch > 1, followed by its per-channel requantization, segfaults
+    Vela on Ethos-U55 and U65 (every MAC configuration); U85 compiles it. The convolution
+    alone (int32 result) compiles, which is why the one-op check can't see it."""
+    if op.kind != "conv2d" or not config.accelerator.startswith(("ethos-u55", "ethos-u65")):
+        return None
+    x, w = op.operands[0], op.operands[1]
+    groups = op.attrs["groups"]
+    depthwise = groups == x.shape[3] and w.shape[3] == 1
+    if groups > 1 and not depthwise and x.shape[0] > 1:
+        return (f"Vela 5.2 crashes (segmentation fault) on a grouped convolution with batch {x.shape[0]} "
+                f"and its requantization for {config.accelerator}: kept on the host")
+    return None
+
+
 def ethosu_verdict(op: Op, config: VelaConfig, facts: GraphFacts, tosa_verdict: TosaVerdict,
                    lower: LowerToTosa) -> Verdict:
     """The Ethos-U backend's answer for ``op`` (the three steps of the module docstring)."""
@@ -166,4 +187,7 @@ def ethosu_verdict(op: Op, config: VelaConfig, facts: GraphFacts, tosa_verdict: 
         return Verdict.no(f"not in TOSA-1.0+INT, the only input Vela compiles: {tosa.reason}")
     if is_boundary_transpose(op, facts):
         return Verdict.no(BOUNDARY_TRANSPOSE_REASON)
+    crash = vela_crash(op, config)
+    if crash is not None:
+        return Verdict.no(crash)
     return vela_verdict(op, config, facts, lower)

@@ -21,12 +21,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from qlower.backends.base import Backend, Payload, Verdict, check_payload_inputs
 from qlower.backends.litert import rounding
 from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, unsupported_reason
 from qlower.backends.litert.fused_add import add_groups, to_tflite_add
 from qlower.backends.litert.verify import builtin_counts, loaded_payload_problem, model_description, verify_tflite
 from qlower.backends.threads import check_threads
+from qlower.contract import Backend, Payload, Verdict, check_payload_inputs
 from qlower.errors import ConfigError, ExecutionError, InputError
 from qlower.ir import Graph, Op
 

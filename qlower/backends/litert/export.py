@@ -27,13 +27,12 @@ from tflite.BuiltinOperator import BuiltinOperator as B
 from tflite.Padding import Padding
 from tflite.TensorType import TensorType as TflType
 
-from qlower import requant
 from qlower.backends.litert import emit
 from qlower.backends.litert.emit import Builder, NotExact, channel_shape, options, tflite_quant
 from qlower.backends.litert.fused_add import AddGroup, add_groups
 from qlower.backends.litert.ranges import CodeRanges, table_span
 from qlower.errors import UnsupportedOpError
-from qlower.ir import DType, Graph, Op, TensorType, Value
+from qlower.ir import DType, Graph, Op, TensorType, Value, requant
 from qlower.reference.pooling import pool_counts, reciprocal_scale
 
 GEMMS = ("conv2d", "fully_connected", "matmul")

@@ -22,8 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qlower import requant
-from qlower.ir import DType, Graph, Op, QuantSpec, rebuild
+from qlower.ir import DType, Graph, Op, QuantSpec, rebuild, requant
 
 LEFT_SHIFT = 20
 

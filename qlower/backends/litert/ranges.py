@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qlower import requant
-from qlower.ir import Graph, Op, Value
+from qlower.ir import Graph, Op, Value, requant
 
 MAX_TABLE = 1 << 16
 _SAME_CODES = frozenset({"reshape", "transpose", "slice", "gather", "concat", "max_pool2d", "reduce_max",

@@ -19,8 +19,8 @@ import numpy as np
 import tflite
 from tflite.BuiltinOperator import BuiltinOperator
 
-from qlower.backends.base import Payload
 from qlower.backends.litert.flatbuffer import NUMPY_OF_TFLITE, SCHEMA_VERSION
+from qlower.contract import Payload
 from qlower.errors import InvalidProgramError
 from qlower.ir import Graph
 

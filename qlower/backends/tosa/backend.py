@@ -13,12 +13,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from qlower.backends.base import Backend, Payload, Verdict, check_payload_inputs
 from qlower.backends.tosa import executor
-from qlower.backends.tosa.lowering import Lowered, describe, lower_graph
+from qlower.backends.tosa.lowering import Lowered, describe, emit_tosa
 from qlower.backends.tosa.serializer import TOSA_VERSION
 from qlower.backends.tosa.support import PROFILES, Profile, check, profile_for
 from qlower.backends.tosa.validate import Diagnostic, validate
+from qlower.contract import Backend, Payload, Verdict, check_payload_inputs
 from qlower.errors import CompileError, ExecutionError, QlowerError
 from qlower.ir import Graph, Op
 
@@ -51,7 +51,7 @@ class TosaBackend(Backend):
     def _emit(self, subgraph: Graph, target: str, trace: bool) -> tuple[Payload, Lowered]:
         """The payload ``lower`` returns, before validation (deterministic: same graph, same bytes)."""
         profile = profile_for(target)
-        lowered = lower_graph(subgraph, profile)
+        lowered = emit_tosa(subgraph, profile)
         writer = lowered.writer
         blobs = {GRAPH_BLOB: writer.serialize()}
         meta = {

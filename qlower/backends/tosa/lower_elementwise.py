@@ -1,6 +1,6 @@
 """Lowerings of elementwise ops: rescale, clamp, add/sub/mul/intdiv, table, float unary ops, softmax.
 
-Integer ops are exact: RESCALE multipliers come from ``qlower.requant`` (the
+Integer ops are exact: RESCALE multipliers come from ``qlower.ir.requant`` (the
 same integers the reference interpreter applies), MUL's shift operand is the
 IR's shift, and a table is either a 256-entry TABLE (int8 -> int8) or a
 GATHER over the IR's table with the index clamped into range (so an input
@@ -14,10 +14,9 @@ import math
 import numpy as np
 import tosa_serializer as ts
 
-from qlower import requant
 from qlower.backends.tosa.lowering import Lowerer, lowering
 from qlower.backends.tosa.serializer import DT, NUMPY_OF, Tensor, attr, tosa_dtype
-from qlower.ir import DType, Op
+from qlower.ir import DType, Op, requant
 
 Op_ = ts.Op
 

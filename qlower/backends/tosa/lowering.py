@@ -4,7 +4,7 @@ Each IR op kind has one small function in ``LOWERINGS`` (registered with
 ``@lowering``, in the style of torch._inductor's lowering table) that reads
 its operands' TOSA tensors from the context and returns the tensor holding its
 result. Concerns shared by many ops live once, in ``Lowerer``: constant
-folding of layout changes, requantization (always through ``qlower.requant``),
+folding of layout changes, requantization (always through ``qlower.ir.requant``),
 clamping to a dtype-dependent TOSA form, casts.
 
 Guarantee: every emitted tensor has exactly the IR value's dtype and shape, so
@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 import tosa_serializer as ts
 
-from qlower import requant
 from qlower.backends.tosa.serializer import (
     DT,
     NUMPY_OF,
@@ -33,7 +32,7 @@ from qlower.backends.tosa.serializer import (
 )
 from qlower.backends.tosa.support import Profile, check
 from qlower.errors import CompileError, UnsupportedOpError
-from qlower.ir import DType, Graph, Op, Value
+from qlower.ir import DType, Graph, Op, Value, requant
 
 Op_ = ts.Op
 LoweringFn = Callable[["Lowerer", Op], Tensor]
@@ -215,7 +214,7 @@ def unsupported(op: Op, profile: Profile) -> UnsupportedOpError | None:
     return UnsupportedOpError(f"{describe(op)} can't be lowered to {profile.spec}: {reason}")
 
 
-def lower_graph(graph: Graph, profile: Profile) -> Lowered:
+def emit_tosa(graph: Graph, profile: Profile) -> Lowered:
     """Emit ``graph`` as one TOSA 1.0 graph (inputs and outputs in the graph's order)."""
     # constants last: a float weight is better reported through the op that reads it
     for op in sorted(graph.ops, key=lambda op: op.kind == "constant"):

@@ -13,9 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qlower import requant
 from qlower.errors import CompileError
-from qlower.ir import DType, Op, TensorType
+from qlower.ir import DType, Op, TensorType, requant
 from qlower.reference.aten_fallback import fallback_reason
 
 MAX_RANK = 6          # TOSA 1.0 level 8K

@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
-from qlower.backends.base import Backend, Payload, Verdict, check_payload_inputs
 from qlower.backends.tosa import TosaBackend
 from qlower.backends.vgf.container import VgfModel, VgfTensor, read_vgf
 from qlower.backends.vgf.converter import tosa_to_vgf
 from qlower.backends.vgf.runner import TensorSpec, VulkanUnavailable, run_vgf, specs_from_meta
+from qlower.contract import Backend, Payload, Verdict, check_payload_inputs
 from qlower.errors import CompileError, ConfigError, ExecutionError, InputError
 from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, Value
 

@@ -26,7 +26,6 @@ from qlower.frontend.rules import register
 from qlower.ir import DType, QuantSpec
 
 aten = torch.ops.aten
-INT32_MAX = 2**31 - 1
 COMMON_SHIFT = 20
 FLOAT_MAX = float(np.finfo(np.float32).max)
 
@@ -52,7 +51,7 @@ def _float_ref(ctx: ImportContext, r: Ref) -> Ref:
 
 def _int32_codes(ctx: ImportContext, data: np.ndarray, scale: float) -> np.ndarray:
     codes = np.rint(data.astype(np.float64) / scale)
-    if np.abs(codes).max(initial=0) > INT32_MAX:
+    if np.abs(codes).max(initial=0) > DType.INT32.max:
         raise ctx.unsupported("a constant operand is too large for int32 at the operation's scale")
     return codes.astype(np.int32)
 

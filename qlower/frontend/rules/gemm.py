@@ -20,10 +20,9 @@ from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.rules import register
 from qlower.frontend.rules.movement import reshape_to
-from qlower.ir import QuantSpec, Value
+from qlower.ir import DType, QuantSpec, Value
 
 aten = torch.ops.aten
-INT32_MAX = 2**31 - 1
 
 
 def _spatial(values: int | Sequence[int], n: int) -> tuple[int, ...]:
@@ -52,7 +51,7 @@ def quantized_bias(ctx: ImportContext, bias: Ref | None, acc_spec: QuantSpec) ->
         raise ctx.unsupported("the bias must be a float constant")
     spec = acc_spec.with_axis(0 if acc_spec.is_per_channel else None)
     codes = np.rint(bias.data.astype(np.float64) / np.asarray(spec.scale, dtype=np.float64))
-    if np.abs(codes).max(initial=0) > INT32_MAX:
+    if np.abs(codes).max(initial=0) > DType.INT32.max:
         raise ctx.unsupported("the bias doesn't fit int32 at scale s_in * s_w; the input or weight scale is tiny")
     return ctx.constant(codes.astype(np.int32), spec, origin=bias.origin, name=f"{ctx.node.name}_bias")
 

@@ -31,7 +31,6 @@ from qlower.frontend.rules.elementwise import _float_ref, _static_quantized
 from qlower.ir import DType, QuantSpec, Value
 
 aten = torch.ops.aten
-INT32_MAX = 2**31 - 1
 
 
 def _codes(ctx: ImportContext, x: Ref, what: str) -> Ref:
@@ -122,7 +121,7 @@ def var(ctx: ImportContext, node, input: Ref, dim=None, unbiased=None, correctio
         raise ctx.unsupported(f"var of {n} element(s) with correction {correction} divides by zero")
     q = x.spec
     widest = max(q.qmax - q.zero_point[0], q.zero_point[0] - q.qmin)
-    if n * n * widest * widest > INT32_MAX:
+    if n * n * widest * widest > DType.INT32.max:
         raise ctx.unsupported(f"var over {n} elements: N·Σd² could reach {n * n * widest * widest}, beyond int32")
     s, perm, ones = q.scale[0], x.perm, (1,) * x.rank
     d = ctx.rescale(ctx.value_in(x), QuantSpec.per_tensor(s, 0, DType.INT32), perm)

@@ -6,7 +6,7 @@ import io
 import json
 from dataclasses import dataclass, field, replace
 
-from qlower.verify.metrics import Comparison
+from qlower.verification.metrics import Comparison
 
 # Dynamic quantization's float outputs may differ from the reference by float rounding only.
 DYNAMIC_RTOL = 1e-5
@@ -22,7 +22,7 @@ class LayerRow:
     ref_vs_fake_quant: Comparison | None
     target_vs_ref: Comparison | None
     inside_partition: bool = False
-    # the layer alone, fed with fake-quant's inputs (see qlower/verify/isolated.py)
+    # the layer alone, fed with fake-quant's inputs (see qlower/verification/isolated.py)
     isolated_vs_fake_quant: Comparison | None = None
 
     def as_dict(self) -> dict:
@@ -110,10 +110,6 @@ class VerificationReport:
         """False for target ``reference``, which runs the reference interpreter: no stage to compare."""
         return any(o.target_vs_ref is not None for o in self.outputs)
 
-    def first_divergence(self, threshold: float = 1.0) -> LayerRow | None:
-        """The first layer where the reference is more than ``threshold`` steps from fake-quant."""
-        return next((r for r in self.layers if r.ref_vs_fake_quant and r.ref_vs_fake_quant.max_steps > threshold), None)
-
     def as_dict(self) -> dict:
         return {"target": self.target, "ok": self.ok, "problems": self.problems, "inputs": self.inputs,
                 "target_compared": self.target_compared,
@@ -157,7 +153,7 @@ class VerificationReport:
         return buf.getvalue()
 
     def write_html(self, path):
-        from qlower.verify.html import write_html
+        from qlower.verification.html import write_html
 
         return write_html(self, path)
 

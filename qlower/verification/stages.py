@@ -17,11 +17,12 @@ import numpy as np
 import torch
 
 from qlower.ir import Graph, Value
-from qlower.program import Program, as_numpy
+from qlower.program import Program
 from qlower.reference import run_graph
-from qlower.verify.isolated import isolated_codes
-from qlower.verify.metrics import compare_codes, compare_floats, to_codes
-from qlower.verify.report import LayerRow, OutputRow, VerificationReport
+from qlower.runtime import as_numpy
+from qlower.verification.isolated import isolated_codes
+from qlower.verification.metrics import compare_codes, compare_floats, to_codes
+from qlower.verification.report import LayerRow, OutputRow, VerificationReport
 
 
 def capture_torch_values(module: Any, inputs: Sequence[Any]) -> dict[str, np.ndarray]:

@@ -38,9 +38,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st
+from random_layers import LAYERS, GraphState, conv_geometry
 
 from qlower.ir import DType, Graph, TensorType, Value, print_graph, verify
-from qlower.testing.random_layers import LAYERS, GraphState, conv_geometry
 
 
 @dataclass(frozen=True, eq=False)

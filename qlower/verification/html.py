@@ -11,7 +11,7 @@ import html
 import io
 from pathlib import Path
 
-from qlower.verify.report import VerificationReport
+from qlower.verification.report import VerificationReport
 
 _HOST_COLOR = "#b0b0b0"
 _PART_COLORS = ["#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b"]

@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from qlower.errors import InputError
-from qlower.verify.report import LayerRow, OutputRow, VerificationReport
-from qlower.verify.stages import run_stages
+from qlower.verification.report import LayerRow, OutputRow, VerificationReport
+from qlower.verification.stages import run_stages
 
 __all__ = ["LayerRow", "OutputRow", "VerificationReport", "run_stages", "verify_program"]
 

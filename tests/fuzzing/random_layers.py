@@ -1,4 +1,4 @@
-"""The layers of random quantized graphs: one small function per pattern (see random_graphs.py).
+"""The layers of random quantized graphs: one small function per pattern (see random_graphs.py beside it).
 
 Each layer takes the ``GraphState`` and an int8 NHWC activation whose codes lie within its
 type's [qmin, qmax], and returns another such activation, emitting ops through the state's
@@ -16,8 +16,7 @@ from collections.abc import Callable
 import numpy as np
 from hypothesis import strategies as st
 
-from qlower import requant
-from qlower.ir import DType, GraphBuilder, QuantSpec, Value
+from qlower.ir import DType, GraphBuilder, QuantSpec, Value, requant
 
 MAX_CHANNELS = 16
 MAX_NUMEL = 1024

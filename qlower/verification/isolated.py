@@ -19,7 +19,7 @@ import numpy as np
 from qlower.errors import ExecutionError
 from qlower.ir import Graph, Op, Value
 from qlower.reference import run_op
-from qlower.verify.metrics import to_codes
+from qlower.verification.metrics import to_codes
 
 
 def _layer_ops(graph: Graph, v: Value, stops: set[Value], producer: dict[Value, Op], position: dict[Op, int]
