@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qlower.backends.cpu import native
-from qlower.backends.cpu.quantization import Requantizer, RescaleParams, apply_scale_32
+from qlower.backends.cpu.quantization import Requantizer, RescaleParams, ScaleConstants
 from qlower.errors import ExecutionError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, requant
 
@@ -31,7 +31,7 @@ def _op():
 
 
 @pytest.mark.parametrize("double_round", [False, True])
-def test_apply_scale_32_matches_requant(double_round):
+def test_scale_constants_match_requant_apply_scale_32(double_round):
     rng = np.random.default_rng(0)
     n = 20000
     shift = rng.integers(requant.MIN_SHIFT, requant.MAX_SHIFT + 1, n)
@@ -45,7 +45,7 @@ def test_apply_scale_32_matches_requant(double_round):
     mult = rng.integers(2**30, 2**31, n)
     mult[3000:3100] = 2**31 - 1
     expected = requant.apply_scale_32(value, mult, shift, double_round)
-    got = apply_scale_32(torch.from_numpy(value), torch.from_numpy(mult), torch.from_numpy(shift), double_round)
+    got = ScaleConstants.of(mult, shift, double_round)(torch.from_numpy(value))
     np.testing.assert_array_equal(got.numpy(), expected)
 
 
@@ -54,7 +54,7 @@ def test_apply_scale_32_require_raises():
         with pytest.raises(requant.RequantRangeError):
             requant.apply_scale_32(np.array([value]), np.array([2**30]), np.array([10]))
         with pytest.raises(requant.RequantRangeError):
-            apply_scale_32(torch.tensor([value]), torch.tensor([2**30]), torch.tensor([10]))
+            ScaleConstants.of(np.array([2**30]), np.array([10]))(torch.tensor([value]))
 
 
 def _numpy_rescale(x, params: RescaleParams, axis, offset=None, clamp=None):

@@ -220,3 +220,27 @@ def test_cast_int_int_saturates_in_the_int_profile(src, dst):
     np.testing.assert_array_equal(y, run_graph(g, [x])[0])
     info = np.iinfo(dst.numpy)
     np.testing.assert_array_equal(y, np.clip(x.astype(np.int64), info.min, info.max))  # hand-derived
+
+
+def test_signed_zeros_and_nans_of_maxima_and_minima_follow_tosa():
+    """TOSA's apply_max_s keeps the first tap reaching the maximum (``acc >= v ? acc : v``) and
+    apply_min_s the last (``acc < v ? acc : v``): which zero a zero result is depends on the
+    operands' order. The reference defines exactly that, so the TOSA reference model agrees with
+    it on inputs made of ±0.0, NaN and -inf (an IEEE 754 ``maximum`` would say +0.0 and differ)."""
+    rng = np.random.default_rng(20261125)
+    values = np.array([0.0, -0.0, -1.0, np.nan, -np.inf], np.float32)
+    b = GraphBuilder("zeros")
+    x, y = b.input("x", f32((1, 4, 4, 3))), b.input("y", f32((1, 4, 4, 3)))
+    graph = b.build([b.op("minimum", x, y), b.op("maximum", x, y), b.op("maximum", y, x),
+                     b.op("reduce_max", x, axis=1), b.op("reduce_min", x, axis=2),
+                     b.op("max_pool2d", x, kernel=(2, 2), stride=(2, 2)),
+                     b.op("max_pool2d", x, kernel=(3, 3), stride=(1, 1), pad=(1, 1, 1, 1))])
+    zeros = 0
+    for trial in range(6):
+        inputs = [rng.choice(values[:2] if trial % 2 else values, (1, 4, 4, 3)), rng.choice(values[:2], (1, 4, 4, 3))]
+        _, got, want = run_both(graph, inputs)
+        for i, (g, w) in enumerate(zip(got, want)):
+            same = ((g == w) & (np.signbit(g) == np.signbit(w))) | (np.isnan(g) & np.isnan(w))
+            assert same.all(), f"output {i}, trial {trial}: {int((~same).sum())} element(s) differ"
+            zeros += int(np.signbit(w[w == 0]).sum())
+    assert zeros > 100   # the comparison saw many -0.0 results

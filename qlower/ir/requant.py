@@ -80,27 +80,46 @@ def _checked_scale(value, multiplier, shift) -> tuple[np.ndarray, np.ndarray, np
     return value, multiplier, shift
 
 
+def require_bound(shift: np.ndarray | int) -> np.ndarray:
+    """apply_scale_32's REQUIRE: a value must lie in ``[-bound, bound)``, ``bound = min(2**(shift-1), 2**31)``
+    (in range for the shift, and an int32)."""
+    return np.minimum(np.left_shift(np.int64(1), np.asarray(shift, dtype=np.int64) - 1), np.int64(2**31))
+
+
+def rounding_terms(shift: np.ndarray | int, double_round: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """What apply_scale_32 adds before its shift, for values >= 0 and for values < 0.
+
+    SINGLE_ROUND adds ``2**(shift-1)`` to both (round half toward +inf); DOUBLE_ROUND (TFLite style)
+    adds a further +2**30 / -2**30 when ``shift > 31``. Every fast twin (torch, C) takes these.
+    """
+    half = np.left_shift(np.int64(1), np.asarray(shift, dtype=np.int64) - 1)
+    if not double_round:
+        return half, half
+    extra = np.where(np.asarray(shift) > 31, np.int64(1 << 30), np.int64(0))
+    return half + extra, half - extra
+
+
+def mul_rounding(shift: int) -> int:
+    """TOSA MUL's term added before its right shift: ``2**(shift-1)`` (round half up), 0 without a shift."""
+    return 1 << (shift - 1) if shift > 0 else 0
+
+
 def apply_scale_32(value: np.ndarray, multiplier: np.ndarray, shift: np.ndarray,
                    double_round: bool = False) -> np.ndarray:
     """TOSA ``apply_scale_32``: ``(value * multiplier + round) >> shift`` in int64.
 
-    SINGLE_ROUND adds ``2**(shift-1)``, i.e. rounds half toward +inf. DOUBLE_ROUND
-    (TFLite style) adds a further ±2**30 when ``shift > 31``. Like the spec, this
-    raises unless the multiplier is in [0, 2**31), the shift in [2, 62] and the
-    value an int32 in ``[-2**(shift-1), 2**(shift-1))``. Those bounds also keep
-    ``value * multiplier + round`` below 2**63, so the int64 arithmetic is exact.
+    ``round`` is ``rounding_terms(shift, double_round)``. Like the spec, this raises unless the
+    multiplier is in [0, 2**31), the shift in [2, 62] and the value within ``require_bound(shift)``.
+    Those bounds also keep ``value * multiplier + round`` below 2**63, so the int64 arithmetic is exact.
     """
     value, multiplier, shift = _checked_scale(value, multiplier, shift)
-    half = np.left_shift(np.int64(1), shift - 1)
-    if np.any(value < np.maximum(-half, -(2**31))) or np.any(value >= np.minimum(half, 2**31)):
+    bound = require_bound(shift)
+    if np.any(value < -bound) or np.any(value >= bound):
         raise RequantRangeError(f"rescale input in [{value.min(initial=0)}, {value.max(initial=0)}] is out of range "
                                 "for its shift or int32 (TOSA apply_scale_32 REQUIRE); use a larger shift "
                                 "(smaller scale ratio) or keep values in int32")
-    rnd = half
-    if double_round:
-        rnd = np.where((shift > 31) & (value >= 0), rnd + (1 << 30), rnd)
-        rnd = np.where((shift > 31) & (value < 0), rnd - (1 << 30), rnd)
-    return np.right_shift(value * multiplier + rnd, shift)
+    pos, neg = rounding_terms(shift, double_round)
+    return np.right_shift(value * multiplier + np.where(value >= 0, pos, neg), shift)
 
 
 def apply_scale_high_mul(value: np.ndarray, multiplier: np.ndarray, shift: np.ndarray) -> np.ndarray:

@@ -44,7 +44,7 @@ def _mul(op: Op, a, b):
     prod = a.astype(np.int64) * b.astype(np.int64)
     shift = op.attrs["shift"]
     if shift > 0:  # TOSA MUL: round half up, then arithmetic shift
-        prod = (prod + (1 << (shift - 1))) >> shift
+        prod = (prod + requant.mul_rounding(shift)) >> shift
     return prod
 
 
@@ -57,7 +57,26 @@ def _intdiv(op: Op, a, b):
     return np.where((a < 0) != (b < 0), -q, q)
 
 
-_SAME_DOMAIN = {"minimum": np.minimum, "maximum": np.maximum, "equal": np.equal, "greater": np.greater,
+def tosa_maximum(a, b):
+    """TOSA 1.0 ``apply_max_s``: NaN if either is NaN, else ``a >= b ? a : b`` (so max(-0.0, +0.0) is
+    -0.0 and max(+0.0, -0.0) is +0.0). Integers: the plain maximum."""
+    if a.dtype.kind != "f":
+        return np.maximum(a, b)
+    return _nan_or(a, b, np.where(a >= b, a, b))
+
+
+def tosa_minimum(a, b):
+    """TOSA 1.0 ``apply_min_s``: NaN if either is NaN, else ``a < b ? a : b``."""
+    if a.dtype.kind != "f":
+        return np.minimum(a, b)
+    return _nan_or(a, b, np.where(a < b, a, b))
+
+
+def _nan_or(a, b, picked):
+    return np.where(np.isnan(a) | np.isnan(b), np.float32(np.nan), picked).astype(np.float32)
+
+
+_SAME_DOMAIN = {"minimum": tosa_minimum, "maximum": tosa_maximum, "equal": np.equal, "greater": np.greater,
                 "greater_equal": np.greater_equal, "logical_and": np.logical_and, "logical_or": np.logical_or,
                 "logical_xor": np.logical_xor}
 

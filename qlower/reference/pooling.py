@@ -13,12 +13,14 @@ that a global pool over a tall map (an 800x90 window) is as cheap as a 3x3 one:
   the other starting from the first tap, then for each output position these row
   sums ``ky = 0 .. kh-1`` are added the same way; padding taps are 0.0; the sum is
   divided in float64 by the number of real taps and rounded to float32 once;
-- max pooling: the maximum over W then over H (exact for any order), padding at
-  the dtype's lowest value so that it never wins. Float maxima (max pooling and
-  reduce_max) follow IEEE 754 ``maximum``, which leaves nothing to the order of
-  the comparisons: a NaN tap makes the result NaN, always the quiet NaN
-  0x7FC00000 (NaN payloads are not propagated), and a zero maximum is +0.0 when
-  one of the taps is +0.0 (-0.0 < +0.0), -0.0 otherwise.
+- max pooling: the maximum over W then over H, padding at the dtype's lowest value
+  (-inf for floats) so that it never wins. Float maxima and minima (max pooling,
+  reduce_max, reduce_min) are TOSA 1.0's ``apply_max_s`` / ``apply_min_s`` folded
+  over the taps in order (row-major over the window, increasing index along an
+  axis): a NaN tap makes the result NaN; otherwise the result is the extreme value,
+  and which of -0.0 and +0.0 a zero result is depends on the order: a maximum keeps
+  the first tap that reaches it (``acc >= v ? acc : v``), a minimum the last
+  (``acc < v ? acc : v``). ``zero_sign`` finds that tap without a loop over taps.
 """
 
 from __future__ import annotations
@@ -105,33 +107,48 @@ def _avg_pool2d(op: Op, x):
     return np.clip(scaled + zp, t.dtype.min, t.dtype.max)
 
 
-def _separable_max(op: Op, x: np.ndarray, fill) -> np.ndarray:
-    """Maximum of each window of ``x`` padded with ``fill``: over KW, then over KH."""
+def _windows(op: Op, x: np.ndarray, fill) -> tuple[np.ndarray, np.ndarray]:
+    """Row windows (along W) of ``x`` padded with ``fill``, and the function that takes their
+    row-window results to whole windows (along H): [N, rows, OW, C, KW] and [N, OH, OW, C, KH] views."""
     (n, h, w, c), (kh, kw), (sh, sw), (pt, pb, pl, pr), (oh, ow) = geometry(op)
     xp = np.pad(x, ((0, 0), (pt, pb), (pl, pr), (0, 0)), constant_values=fill)
     xp = xp[:, :sh * (oh - 1) + kh, :sw * (ow - 1) + kw]
-    rows = sliding_window_view(xp, kw, axis=2)[:, :, ::sw].max(axis=-1)
-    return sliding_window_view(rows, kh, axis=1)[:, ::sh].max(axis=-1)
+    return sliding_window_view(xp, kw, axis=2)[:, :, ::sw], lambda rows: sliding_window_view(rows, kh, axis=1)[:, ::sh]
 
 
-def ieee_maximum(out: np.ndarray, x: np.ndarray, reduce) -> np.ndarray:
-    """Float maxima ``out`` of ``x`` made IEEE 754 ``maximum``'s (module docstring): NaNs become
-    the quiet NaN, zeros +0.0 where ``reduce`` (the same windows' max of a uint8 array like ``x``)
-    finds a +0.0 tap, else -0.0."""
-    zero = out == 0
-    if zero.any():
-        positive_zero = reduce(((x == 0) & ~np.signbit(x)).astype(np.uint8))
-        out = np.where(zero, np.where(positive_zero == 1, np.float32(0.0), np.float32(-0.0)), out)
-    nan = np.isnan(out)
-    return np.where(nan, np.float32(np.nan), out) if nan.any() else out
+def _separable_max(op: Op, x: np.ndarray, fill) -> np.ndarray:
+    """Maximum of each window of ``x`` padded with ``fill``: over KW, then over KH."""
+    rows, columns = _windows(op, x, fill)
+    return columns(rows.max(axis=-1)).max(axis=-1)
+
+
+def _first_nonzero(codes: np.ndarray, last: bool = False) -> np.ndarray:
+    """The first (or last) nonzero entry along the last axis, 0 where there is none."""
+    hit = codes != 0
+    at = codes.shape[-1] - 1 - np.argmax(hit[..., ::-1], axis=-1) if last else np.argmax(hit, axis=-1)
+    return np.take_along_axis(codes, at[..., None], axis=-1)[..., 0]
+
+
+def _zero_codes(x: np.ndarray) -> np.ndarray:
+    """1 for +0.0 taps, 2 for -0.0 taps, 0 for the rest."""
+    return np.where(x == 0, np.where(np.signbit(x), 2, 1), 0).astype(np.uint8)
+
+
+def zero_sign(result: np.ndarray, codes: np.ndarray) -> np.ndarray:
+    """``result`` with its zeros signed by ``codes`` (those of ``_zero_codes``: 2 means -0.0) and
+    its NaNs made the quiet NaN."""
+    out = np.where(result == 0, np.where(codes == 2, np.float32(-0.0), np.float32(0.0)), result)
+    return np.where(np.isnan(out), np.float32(np.nan), out).astype(np.float32)
 
 
 @kernel("max_pool2d")
 def _max_pool2d(op: Op, x):
     if x.dtype != np.float32:
         return _separable_max(op, x, np.iinfo(x.dtype).min)
-    # padding (the lowest float32, or 0 in the +0.0 indicator) never changes which zero or NaN wins
-    return ieee_maximum(_separable_max(op, x, np.finfo(np.float32).min), x, lambda z: _separable_max(op, z, 0))
+    with np.errstate(invalid="ignore"):
+        out = _separable_max(op, x, -np.inf)
+    rows, columns = _windows(op, _zero_codes(x), 0)   # padding is no zero tap
+    return zero_sign(out, _first_nonzero(columns(_first_nonzero(rows))))
 
 
 @kernel("reduce_sum")
@@ -141,10 +158,19 @@ def _reduce_sum(op: Op, x):
     return x.astype(np.int64).sum(axis=op.attrs["axis"], keepdims=True)
 
 
-@kernel("reduce_max")
-def _reduce_max(op: Op, x):
-    axis = op.attrs["axis"]
-    out = x.max(axis=axis, keepdims=True)
+def _reduce_extreme(x: np.ndarray, axis: int, maximum: bool) -> np.ndarray:
+    out = x.max(axis=axis, keepdims=True) if maximum else x.min(axis=axis, keepdims=True)
     if x.dtype != np.float32:
         return out
-    return ieee_maximum(out, x, lambda z: z.max(axis=axis, keepdims=True))
+    codes = _first_nonzero(np.moveaxis(_zero_codes(x), axis, -1), last=not maximum)
+    return zero_sign(out, np.expand_dims(codes, axis))
+
+
+@kernel("reduce_max")
+def _reduce_max(op: Op, x):
+    return _reduce_extreme(x, op.attrs["axis"], maximum=True)
+
+
+@kernel("reduce_min")
+def _reduce_min(op: Op, x):
+    return _reduce_extreme(x, op.attrs["axis"], maximum=False)

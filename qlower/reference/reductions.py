@@ -1,6 +1,7 @@
-"""Reference semantics of the order reductions: reduce_min, argmax, argmin.
+"""Reference semantics of the index reductions: argmax, argmin (reduce_min and reduce_max, with
+their float zero rules, are in pooling.py beside max pooling).
 
-All are exact on codes: a minimum is one of the inputs, and an index is where
+Both are exact on codes: an index is where
 the first extreme code lies along the axis (ties go to the lowest index, as in
 PyTorch's ``argmax`` / ``argmin`` / ``max(dim)`` and TOSA's ARGMAX). Because a
 per-tensor dequantization is strictly increasing in the code, these agree with
@@ -13,11 +14,6 @@ import numpy as np
 
 from qlower.ir import Op
 from qlower.reference.registry import kernel
-
-
-@kernel("reduce_min")
-def _reduce_min(op: Op, x):
-    return x.min(axis=op.attrs["axis"], keepdims=True)
 
 
 @kernel("argmax")

@@ -5,7 +5,8 @@
 output, and with ``trace`` every intermediate value, with ``run_graph``.
 Float results of float GEMMs are compared to ``float_rtol`` (they accumulate in
 float64 like the reference, in another order); everything else must be
-bit-identical.
+bit-identical (for floats: the same values and signed zeros; NaN is NaN whatever its sign and
+payload, which IEEE 754 leaves to the hardware).
 """
 
 from __future__ import annotations
@@ -33,12 +34,18 @@ def assert_same(expected: np.ndarray, got: np.ndarray, what: str, float_rtol: fl
     if float_rtol and expected.dtype.kind == "f":
         np.testing.assert_allclose(got, expected, rtol=float_rtol, atol=0, err_msg=what)
         return
-    if np.ascontiguousarray(expected).tobytes() != np.ascontiguousarray(got).tobytes():
-        bad = np.argwhere(~((expected == got) | (np.isnan(expected) & np.isnan(got))) if expected.dtype.kind == "f"
-                          else expected != got)
-        first = tuple(bad[0]) if len(bad) else ()
+    if np.ascontiguousarray(expected).tobytes() == np.ascontiguousarray(got).tobytes():
+        return
+    if expected.dtype.kind == "f":
+        # same values and same signed zeros; which NaN a NaN is (sign, payload) is not semantics
+        same = ((expected == got) & (np.signbit(expected) == np.signbit(got))) | (np.isnan(expected) & np.isnan(got))
+    else:
+        same = expected == got
+    bad = np.argwhere(~same)
+    if len(bad):
+        first = tuple(bad[0])
         raise AssertionError(f"{what}: {len(bad)} element(s) differ, first at {first}: "
-                             f"got {got[first] if first else got}, expected {expected[first] if first else expected}")
+                             f"got {got[first]!r}, expected {expected[first]!r}")
 
 
 def assert_cpu_matches_reference(graph: Graph, inputs: Sequence[np.ndarray], configs: Sequence[dict] = CONFIGS,

@@ -17,6 +17,7 @@ import torch
 from qlower.backends.cpu.native import NativeKernels
 from qlower.errors import UnsupportedOpError
 from qlower.ir import Graph, Op, Value
+from qlower.reference import KERNELS as REFERENCE_KERNELS
 
 Kernel = Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
 Builder = Callable[[Op, "BuildContext"], Kernel]
@@ -67,3 +68,10 @@ def build_kernel(op: Op, ctx: BuildContext) -> Kernel:
     except KeyError:
         raise UnsupportedOpError(f"the cpu backend has no kernel for '{op.kind}' (%{op.results[0].name})") from None
     return fn(op, ctx)
+
+
+def by_reference(op: Op) -> Kernel:
+    """A float kernel that runs the reference interpreter's own (float64 NumPy): one definition, so
+    the CPU is bit-identical to the reference by construction, not by copying."""
+    fn = REFERENCE_KERNELS[op.kind]
+    return lambda *xs: torch.from_numpy(np.ascontiguousarray(fn(op, *(x.numpy() for x in xs)), dtype=np.float32))

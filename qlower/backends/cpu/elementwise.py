@@ -8,14 +8,12 @@ identical to NumPy); the transcendental ops and softmax call the reference's ker
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from qlower.backends.cpu.context import BuildContext, Kernel, builder
+from qlower.backends.cpu.context import BuildContext, Kernel, builder, by_reference
 from qlower.backends.cpu.tensor_utils import check_int32, execution_error
 from qlower.errors import UnsupportedOpError
-from qlower.ir import Op
-from qlower.reference import KERNELS as REFERENCE_KERNELS
+from qlower.ir import Op, requant
 
 
 @builder("clamp")
@@ -53,7 +51,7 @@ def _mul(op: Op, ctx: BuildContext) -> Kernel:
     def fn(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         prod = a * b
         if shift > 0:  # TOSA MUL: round half up, then arithmetic shift
-            prod = torch.bitwise_right_shift(prod + (1 << (shift - 1)), shift)
+            prod = torch.bitwise_right_shift(prod + requant.mul_rounding(shift), shift)
         return prod
     return _int_binary(op, fn)
 
@@ -74,7 +72,10 @@ _SAME_DOMAIN = {"minimum": torch.minimum, "maximum": torch.maximum, "equal": tor
 
 @builder(*_SAME_DOMAIN)
 def _same_domain(op: Op, ctx: BuildContext) -> Kernel:
-    """Codes of one domain (or bools) compared or picked as they are: exact."""
+    """Codes of one domain (or bools) compared or picked as they are: exact. Float minimum and
+    maximum run the reference's kernels: which zero wins between -0.0 and +0.0 is its definition."""
+    if op.kind in ("minimum", "maximum") and op.result.type.dtype.is_float:
+        return by_reference(op)
     return _SAME_DOMAIN[op.kind]
 
 
@@ -92,5 +93,4 @@ def _select(op: Op, ctx: BuildContext) -> Kernel:
 def _float_by_reference(op: Op, ctx: BuildContext) -> Kernel:
     """Float transcendental ops and softmax run the reference's own kernels (float64 NumPy): one
     definition, so the CPU is bit-identical to the reference by construction, not by copying."""
-    fn = REFERENCE_KERNELS[op.kind]
-    return lambda x: torch.from_numpy(np.ascontiguousarray(fn(op, x.numpy()), dtype=np.float32))
+    return by_reference(op)

@@ -26,7 +26,7 @@ from qlower.backends.cpu.conv import DirectConv, GemmConv
 from qlower.backends.cpu.dynamic import dynamic_kernel
 from qlower.backends.cpu.quantization import TOSA_ROUNDINGS, rescale_params
 from qlower.backends.cpu.tensor_utils import execution_error
-from qlower.ir import DType, Graph, Op, Value
+from qlower.ir import DType, Graph, Op, Value, requant
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,9 @@ def _int8_to_int32_rescale(facts: FusionContext, value: Value, add: Op) -> Op | 
 
 def _rescale_vector(op: Op) -> list[int]:
     p = rescale_params(op.operands[0].type.quant, op.attrs["out"], op.attrs["rounding"])
-    rp, rn = p.rounding()
-    half = min(1 << (int(p.shift[0]) - 1), 2**31)  # the REQUIRE bound (int32 included)
-    return [int(p.in_zp[0]), int(p.mult[0]), int(p.shift[0]), half, int(rp[0]), int(rn[0]), p.out_zp, p.qmin, p.qmax]
+    rp, rn = requant.rounding_terms(p.shift[0], p.double_round)
+    return [int(p.in_zp[0]), int(p.mult[0]), int(p.shift[0]), int(requant.require_bound(p.shift[0])), int(rp), int(rn),
+            p.out_zp, p.qmin, p.qmax]
 
 
 def match_quantized_add(op: Op, facts: FusionContext, kernels: dict[Op, Kernel], ctx: BuildContext) -> FusedGroup | None:

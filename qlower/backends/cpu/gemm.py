@@ -142,7 +142,7 @@ def choose_engine(x_dtype: DType, x_zp: int, w_dtype: DType, k: int, f32_chunks:
         return forced
     if can["int8"]:
         return "int8"
-    if f32_chunks is not None and f32_chunks <= MAX_F32_CHUNKS:
+    if can["float32"] and f32_chunks <= MAX_F32_CHUNKS:   # exact only while float32 GEMMs are IEEE
         return "float32"
     return "float64"
 

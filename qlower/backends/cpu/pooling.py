@@ -3,14 +3,15 @@
 Integer average pooling is TOSA 1.0's: the exact sum of zero-point-centered
 taps (padding not counted), scaled by ``reciprocal_scale(count)`` with
 ``apply_scale_32`` (the multipliers come from the reference's
-``reciprocal_scale``, the arithmetic is requant's). The sums are differences of
+``reciprocal_scale``, the rounding terms and bounds from requant). The sums are differences of
 exact integer prefix sums of the zero-padded centered codes, along W then along H
 (int32 when the whole map's sum of |code - zp| fits, else int64), so a window
 costs the same whatever its size. Float average pooling adds the taps in float64
 in the order the reference defines (along W, then the row sums along H), so it is
-bit-identical; max pooling is a maximum over W then over H; float maxima (also
-reduce_max) follow the reference's IEEE 754 rules for NaN and for the sign of a
-zero maximum; float reduce_sum uses NumPy's float64 sum like the reference.
+bit-identical; integer max pooling is a maximum over W then over H; float maxima (max pooling,
+reduce_max) run the reference's kernels, whose TOSA rules for NaN and for the
+sign of a zero depend on the taps' order; float reduce_sum uses NumPy's float64
+sum like the reference.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qlower.backends.cpu.context import BuildContext, Kernel, builder
+from qlower.backends.cpu.context import BuildContext, Kernel, builder, by_reference
 from qlower.backends.cpu.gemm import input_amax
-from qlower.backends.cpu.quantization import apply_scale_32
+from qlower.backends.cpu.quantization import ScaleConstants
 from qlower.backends.cpu.tensor_utils import INT32_MAX, check_int32, execution_error, torch_dtype
 from qlower.ir import Op, requant
 from qlower.reference.pooling import geometry, pool_counts, reciprocal_scale
@@ -70,10 +71,9 @@ def _avg_pool2d(op: Op, ctx: BuildContext) -> Kernel:
         return run_float
     zp = t.quant.zero_point[0]
     m = reciprocal_scale(count)
-    mult = torch.from_numpy(m.multiplier.astype(np.int64))[None, :, :, None]
-    shift = torch.from_numpy(m.shift.astype(np.int64))[None, :, :, None]
+    scale = ScaleConstants.of(m.multiplier, m.shift, shape=(1, *m.shift.shape, 1))
     bound = kh * kw * input_amax(t.dtype, zp)
-    check = bound >= min(1 << (int(m.shift.min()) - 1), 2**31)
+    check = bound >= int(requant.require_bound(m.shift.min()))
     dmin, dmax = t.dtype.min, t.dtype.max
     global_pool = (kh, kw) == (h, w) and not (pt or pb or pl or pr)
     out_dtype = torch_dtype(t.dtype)
@@ -98,36 +98,20 @@ def _avg_pool2d(op: Op, ctx: BuildContext) -> Kernel:
                 v = F.pad(v, (0, 0, pl, pr, pt, pb))
             acc = window_sums(window_sums(v, 2, kw, sw, ow), 1, kh, sh, oh)
         try:
-            scaled = apply_scale_32(acc.to(torch.int64), mult, shift, check=check)
+            scaled = scale(acc, check=check)
         except requant.RequantRangeError as e:
             raise execution_error(op, str(e)) from None
         return (scaled + zp).clamp_(dmin, dmax).to(out_dtype)
     return run_int
 
 
-def _ieee_maximum(out: torch.Tensor, x: torch.Tensor, reduce) -> torch.Tensor:
-    """The reference's ``ieee_maximum`` on torch tensors: NaNs become the quiet NaN, zeros +0.0
-    where ``reduce`` finds a +0.0 tap of ``x`` (a uint8 indicator), else -0.0."""
-    zero = out == 0
-    if bool(zero.any()):
-        positive_zero = reduce(((x == 0) & ~torch.signbit(x)).to(torch.uint8))
-        out = torch.where(zero, torch.where(positive_zero == 1, 0.0, -0.0).to(out.dtype), out)
-    nan = torch.isnan(out)
-    return torch.where(nan, float("nan"), out) if bool(nan.any()) else out
-
-
 @builder("max_pool2d")
 def _max_pool2d(op: Op, ctx: BuildContext) -> Kernel:
     dtype = op.operands[0].type.dtype
+    if dtype.is_float:   # which zero a zero maximum is depends on the taps' order: the reference's kernel
+        return by_reference(op)
     out_dtype = torch_dtype(dtype)
-    if not dtype.is_float:
-        return lambda x: _separable_max(x, op, dtype.min).to(out_dtype).contiguous()
-    lowest = float(np.finfo(np.float32).min)
-
-    def run_float(x: torch.Tensor) -> torch.Tensor:
-        out = _ieee_maximum(_separable_max(x, op, lowest), x, lambda z: _separable_max(z, op, 0))
-        return out.to(out_dtype).contiguous()
-    return run_float
+    return lambda x: _separable_max(x, op, dtype.min).to(out_dtype).contiguous()
 
 
 @builder("reduce_sum")
@@ -148,7 +132,6 @@ def _reduce_sum(op: Op, ctx: BuildContext) -> Kernel:
 @builder("reduce_max")
 def _reduce_max(op: Op, ctx: BuildContext) -> Kernel:
     axis = op.attrs["axis"]
-    if not op.operands[0].type.dtype.is_float:
-        return lambda x: torch.amax(x, dim=axis, keepdim=True)
-    return lambda x: _ieee_maximum(torch.amax(x, dim=axis, keepdim=True), x,
-                                   lambda z: torch.amax(z, dim=axis, keepdim=True)).contiguous()
+    if op.operands[0].type.dtype.is_float:
+        return by_reference(op)
+    return lambda x: torch.amax(x, dim=axis, keepdim=True)

@@ -1,7 +1,7 @@
 """Kernels that change a value's domain: rescale, quantize, dequantize, dynamic_quantize, cast, table.
 
 Requantization multipliers and shifts come from ``qlower.ir.requant`` (never
-re-derived here). ``apply_scale_32`` below is the same int64 arithmetic as
+re-derived here). ``ScaleConstants`` is the same int64 arithmetic as
 ``qlower.ir.requant.apply_scale_32`` written with torch tensor ops (multithreaded);
 ``Requantizer`` applies a whole RESCALE (optionally preceded by a GEMM's folded
 per-channel offset and followed by a clamp) with the native kernel when the
@@ -37,23 +37,39 @@ from qlower.ir import DType, Op, QuantSpec, requant
 _EPS = float(np.finfo(np.float32).eps)
 
 
-def apply_scale_32(value: torch.Tensor, multiplier: torch.Tensor, shift: torch.Tensor,
-                   double_round: bool = False, check: bool = True) -> torch.Tensor:
-    """``qlower.ir.requant.apply_scale_32`` on int64 torch tensors: same arithmetic, same REQUIRE
-    (the value an int32 in ``[-2**(shift-1), 2**(shift-1))``; multipliers and shifts are taken
-    as valid, they come from ``qlower.ir.requant.quantize_multiplier``)."""
-    value = value.to(torch.int64)
-    half = torch.bitwise_left_shift(torch.ones_like(shift), shift - 1)
-    if check and value.numel():
-        bound = torch.clamp(half, max=2**31)
-        if bool(((value < -bound) | (value >= bound)).any()):
+@dataclass(frozen=True)
+class ScaleConstants:
+    """One ``apply_scale_32``'s constants as int64 torch tensors that broadcast against the values.
+
+    Every number comes from ``qlower.ir.requant`` (multiplier and shift from ``quantize_multiplier``,
+    the rounding terms from ``rounding_terms``, the REQUIRE bound from ``require_bound``); calling
+    it is the same int64 arithmetic as ``requant.apply_scale_32``, written with torch ops.
+    """
+
+    multiplier: torch.Tensor
+    shift: torch.Tensor
+    round_pos: torch.Tensor
+    round_neg: torch.Tensor | None   # None: the same as round_pos (single rounding)
+    bound: torch.Tensor
+
+    @classmethod
+    def of(cls, multiplier: np.ndarray, shift: np.ndarray, double_round: bool = False,
+           shape: tuple[int, ...] = (-1,)) -> ScaleConstants:
+        def tensor(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(np.array(a, dtype=np.int64)).reshape(shape)
+        pos, neg = requant.rounding_terms(shift, double_round)
+        return cls(tensor(multiplier), tensor(shift), tensor(pos), tensor(neg) if double_round else None,
+                   tensor(requant.require_bound(shift)))
+
+    def __call__(self, value: torch.Tensor, check: bool = True) -> torch.Tensor:
+        """``(value * multiplier + round) >> shift``; raises RequantRangeError outside the REQUIRE
+        (``check=False`` when the caller proved every possible value inside it)."""
+        value = value.to(torch.int64)
+        if check and value.numel() and bool(((value < -self.bound) | (value >= self.bound)).any()):
             raise requant.RequantRangeError("rescale input out of range for its shift or int32 "
                                             "(TOSA apply_scale_32 REQUIRE)")
-    rnd = half
-    if double_round:
-        big = shift > 31
-        rnd = torch.where(big & (value >= 0), half + (1 << 30), torch.where(big & (value < 0), half - (1 << 30), half))
-    return torch.bitwise_right_shift(value * multiplier + rnd, shift)
+        rnd = self.round_pos if self.round_neg is None else torch.where(value >= 0, self.round_pos, self.round_neg)
+        return torch.bitwise_right_shift(value * self.multiplier + rnd, self.shift)
 
 
 @dataclass(frozen=True)
@@ -73,12 +89,6 @@ class RescaleParams:
     @property
     def channels(self) -> int:
         return max(self.in_zp.size, self.mult.size)
-
-    def rounding(self) -> tuple[np.ndarray, np.ndarray]:
-        """Rounding constants for non-negative and negative inputs."""
-        half = np.left_shift(np.int64(1), self.shift - 1)
-        extra = np.where(self.shift > 31, np.int64(1 << 30), np.int64(0)) if self.double_round else np.int64(0)
-        return half + extra, half - extra
 
 
 TOSA_ROUNDINGS = ("single", "double")   # what the torch and C requantizers implement
@@ -113,8 +123,8 @@ class Requantizer:
         self.has_offset = offset is not None
         axis = params.axis if params.axis is not None else (rank - 1 if offset is not None else None)
         channels = max(params.channels, 1 if offset is None else offset.size)
-        rp, rn = params.rounding()
-        half = np.minimum(np.left_shift(np.int64(1), params.shift - 1), 2**31)  # REQUIRE bound, int32 included
+        rp, rn = requant.rounding_terms(params.shift, params.double_round)
+        half = requant.require_bound(params.shift)
         arrays = [np.zeros(1, np.int64) if offset is None else offset.astype(np.int64),
                   params.in_zp, params.mult, params.shift, half, rp, rn]
         # Native path: channels along the last axis (or none), integer types it implements.
@@ -131,13 +141,15 @@ class Requantizer:
         self.scalars = torch.tensor([params.out_zp, params.qmin, params.qmax, lo2, hi2, int(offset is not None)],
                                     dtype=torch.int64)
         shape = channel_shape(rank, axis, channels)
-        t = [torch.from_numpy(np.broadcast_to(a, (channels,)).astype(np.int64).copy()).reshape(shape) for a in arrays]
-        self.offset_t, self.zp_t, self.mult_t, self.shift_t, _, self.rp_t, self.rn_t = t
+        self.offset_t, self.zp_t = (torch.from_numpy(np.broadcast_to(a, (channels,)).astype(np.int64).copy())
+                                    .reshape(shape) for a in arrays[:2])
+        self.scale = ScaleConstants.of(params.mult, params.shift, params.double_round,
+                                       channel_shape(rank, axis, params.mult.size))
         self.any_zp = bool(np.any(params.in_zp))
         # The REQUIRE check is skipped only when the input's whole range provably satisfies it.
         lo = INT32_MIN if offset is not None else in_dtype.min
         hi = INT32_MAX if offset is not None else in_dtype.max
-        half = min(1 << (int(params.shift.min()) - 1), 2**31)
+        half = int(requant.require_bound(params.shift.min()))
         self.check_range = not (lo - int(params.in_zp.max()) >= -half and hi - int(params.in_zp.min()) < half)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,7 +170,7 @@ class Requantizer:
         if self.any_zp:
             v = v - self.zp_t
         try:
-            v = apply_scale_32(v, self.mult_t, self.shift_t, self.params.double_round, check=self.check_range)
+            v = self.scale(v, check=self.check_range)
         except requant.RequantRangeError as e:
             raise execution_error(self.op, str(e)) from None
         v += self.params.out_zp

@@ -1,6 +1,7 @@
 """CPU kernels of the order reductions: reduce_min, argmax, argmin (any axis, dim kept).
 
-Bit-exact with qlower/reference/reductions.py: a minimum is one of the inputs,
+Bit-exact with the reference: an integer minimum is one of the inputs (float minima run the
+reference's kernel),
 and torch's ``argmax`` / ``argmin`` on CPU return the first extreme index along
 the axis, as the reference (NumPy) does.
 """
@@ -9,13 +10,15 @@ from __future__ import annotations
 
 import torch
 
-from qlower.backends.cpu.context import BuildContext, Kernel, builder
+from qlower.backends.cpu.context import BuildContext, Kernel, builder, by_reference
 from qlower.ir import Op
 
 
 @builder("reduce_min")
 def _reduce_min(op: Op, ctx: BuildContext) -> Kernel:
     axis = op.attrs["axis"]
+    if op.operands[0].type.dtype.is_float:   # the sign of a zero minimum: the reference's kernel
+        return by_reference(op)
     return lambda x: torch.amin(x, dim=axis, keepdim=True)
 
 
