@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qlower.frontend import QuantConfig, capture_and_import, layout
-from qlower.testing.frontend import compare_with_fake_quant, float_error
+from qlower.testing.frontend import fake_quant_agreement, float_error
 
 # -- the permutation algebra, checked against NumPy ------------------------------------------------
 
@@ -110,7 +110,7 @@ def test_layout_results_and_transpose_count(cls, shape, transposes, quantized):
     result = capture_and_import(model, batches[0], QuantConfig() if quantized else None, batches, progress=False)
     assert result.graph.count_ops().get("transpose", 0) == transposes, str(result.graph)
     if quantized:
-        cmp = compare_with_fake_quant(result, batches)
+        cmp = fake_quant_agreement(result, batches)
         assert cmp.outputs.max_step <= 1 and cmp.outputs.exact_share >= 0.99, str(cmp)
         assert cmp.layers.max_step <= 1 and cmp.layers.exact_share >= 0.99, str(cmp)
     else:

@@ -20,7 +20,7 @@ from torch import nn
 from qlower.frontend import QuantConfig, capture_and_import
 from qlower.ir import verify
 from qlower.reference import run_graph
-from qlower.testing.frontend import compare_with_fake_quant, float_error
+from qlower.testing.frontend import fake_quant_agreement, float_error
 
 
 def _batches(shapes, count: int, seed: int):
@@ -210,11 +210,11 @@ def test_quantized_import_matches_fake_quant(case: Case):
     verify(result.graph)
     kinds = result.graph.count_ops()
     assert set(case.expect) <= set(kinds), f"expected {case.expect} in {kinds}"
-    cmp = compare_with_fake_quant(result, calibration + _batches(case.shapes, 3, seed=2))
+    cmp = fake_quant_agreement(result, calibration + _batches(case.shapes, 3, seed=2))
     assert cmp.outputs.total > 0 and cmp.layers.total > 0
     assert cmp.layers.max_step <= 1 and cmp.layers.exact_share >= 0.99, str(cmp)
     if case.expect == ("table",):  # fn(input): the table is bit-identical to the fake-quant op
-        direct = compare_with_fake_quant(result, calibration, outputs=[0]).outputs
+        direct = fake_quant_agreement(result, calibration, outputs=[0]).outputs
         assert direct.total > 0 and direct.max_step == 0, str(direct)
     else:
         assert cmp.outputs.max_step <= 1 and cmp.outputs.exact_share >= 0.99, str(cmp)

@@ -13,7 +13,7 @@ from torch import nn
 from qlower.frontend import QuantConfig, capture_and_import
 from qlower.ir import DType
 from qlower.reference import run_graph
-from qlower.testing.frontend import compare_with_fake_quant
+from qlower.testing.frontend import fake_quant_agreement
 
 
 class CatNet(nn.Module):
@@ -57,7 +57,7 @@ def test_activation_range_and_symmetry():
     result, data = _import(QuantConfig(act_qmin=-127, act_qmax=127, symmetric_acts=True))
     specs = _int8_specs(result.graph)
     assert specs and all((q.qmin, q.qmax, q.zero_point) == (-127, 127, (0,)) for q in specs)
-    cmp = compare_with_fake_quant(result, data)
+    cmp = fake_quant_agreement(result, data)
     assert cmp.layers.max_step <= 1 and cmp.layers.exact_share >= 0.99, str(cmp)
 
 
@@ -72,7 +72,7 @@ def test_weight_range_and_granularity(per_channel):
             assert codes.min() >= -100 and codes.max() <= 100 and np.abs(codes).max() == 100
             assert len(w.quant.scale) == (w.shape[0] if per_channel else 1)
             assert set(w.quant.zero_point) == {0}
-    cmp = compare_with_fake_quant(result, data)
+    cmp = fake_quant_agreement(result, data)
     assert cmp.layers.max_step <= 1 and cmp.layers.exact_share >= 0.99, str(cmp)
 
 
@@ -95,7 +95,7 @@ def test_fixed_overrides_pin_inputs_outputs_and_module_outputs():
     (deq,) = [op for op in result.graph.ops if op.kind == "dequantize"]
     q = deq.operands[0].quant
     assert (q.zero_point[0], q.qmin, q.qmax) == (-7, -120, 120) and q.scale[0] == pytest.approx(0.02, rel=1e-6)
-    cmp = compare_with_fake_quant(result, data)
+    cmp = fake_quant_agreement(result, data)
     assert cmp.outputs.max_step <= 1 and cmp.layers.max_step <= 1, str(cmp)
 
 

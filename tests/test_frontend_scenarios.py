@@ -12,7 +12,7 @@ from qlower import zoo
 from qlower.frontend import QuantConfig, capture_and_import
 from qlower.passes import fold_constants
 from qlower.reference import run_graph
-from qlower.testing.frontend import compare_with_fake_quant
+from qlower.testing.frontend import fake_quant_agreement
 from qlower.zoo.scenarios import s3_variant
 
 DYNAMIC_BOUND = 1e-5  # IR vs fake-quant, max |diff| / max |fake-quant output|; measured <= 5e-7
@@ -34,7 +34,7 @@ def test_s1_relu_zero_point_is_owned_by_the_concat_and_clamp_stays():
     assert relu_q.zero_point[0] != relu_q.qmin and -114 <= relu_q.zero_point[0] <= -108  # ~ -111
     assert clamp.attrs["min"] == relu_q.zero_point[0]  # the code of 0.0: relu can't fold into qmin
     assert all(v.quant == relu_q for v in concat.operands[0]) and concat.result.quant == relu_q
-    cmp = compare_with_fake_quant(result, [example] + calibration)
+    cmp = fake_quant_agreement(result, [example] + calibration)
     assert cmp.outputs.max_step <= 1 and cmp.outputs.exact_share >= 0.99, str(cmp)
     assert cmp.layers.max_step <= 1 and cmp.layers.exact_share >= 0.99, str(cmp)
 
@@ -116,7 +116,7 @@ def test_s2_static():
     result = capture_and_import(model, example, QuantConfig(), calibration, progress=False)
     per_channel = [op for op in result.graph.ops if op.kind == "mul" and op.result.quant.is_per_channel]
     assert len(per_channel) == 1  # x * scale, held exactly as ±1 codes with per-channel scales
-    cmp = compare_with_fake_quant(result, [example] + calibration)
+    cmp = fake_quant_agreement(result, [example] + calibration)
     assert cmp.outputs.max_step <= 1 and cmp.outputs.exact_share >= 0.99, str(cmp)
     assert cmp.layers.max_step <= 1 and cmp.layers.exact_share >= 0.99, str(cmp)
 
@@ -125,7 +125,7 @@ def test_s4_attention():
     model, example, calibration, result = _import("s4_attention")
     kinds = result.graph.count_ops()
     assert kinds["matmul"] == 2 and kinds["intdiv"] == 1 and "softmax" not in kinds
-    cmp = compare_with_fake_quant(result, [example] + calibration)
+    cmp = fake_quant_agreement(result, [example] + calibration)
     assert cmp.layers.max_step <= 1 and cmp.layers.exact_share >= 0.99, str(cmp)
     # end to end a 1-step logit difference moves a softmax output by several steps
     assert cmp.outputs.max_step <= 4 and cmp.outputs.exact_share >= 0.95, str(cmp)

@@ -19,7 +19,7 @@ from qlower import zoo
 from qlower.frontend import capture_and_import
 from qlower.ir import verify
 from qlower.reference import run_graph
-from qlower.testing.frontend import compare_with_fake_quant
+from qlower.testing.frontend import fake_quant_agreement
 
 SIZES = {"tiny_cnn": 16, "mobilenet_v2": 32, "resnet18": 32, "vit_block": 16, "s0_dynamic_biasless": 16,
          "s1_conv_relu_cat": 8, "s2_perchannel_binary": 8}
@@ -46,7 +46,7 @@ def test_zoo_model_matches_fake_quant(name):
                 fq = result.fake_quant(*batch).numpy()
             assert np.abs(ir - fq).max() <= 1e-5 * np.abs(fq).max()
         return
-    cmp = compare_with_fake_quant(result, batches)
+    cmp = fake_quant_agreement(result, batches)
     print(f"{name}: {cmp}")
     if name != "s3_const_cat":  # no runtime layers
         assert cmp.layers.total > 0

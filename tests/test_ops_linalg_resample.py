@@ -28,7 +28,7 @@ from qlower.testing.frontend import (
     FLOAT_BOUNDARY,
     assert_integer_program,
     assert_targets_bit_exact,
-    compare_with_fake_quant,
+    fake_quant_agreement,
 )
 
 SEED = 0
@@ -174,7 +174,7 @@ def test_targets_bit_exact_with_reference(family):
 def test_reference_within_one_step_of_fake_quant(family):
     name, _, shapes, x, prog, _ = family
     batches = [x, _inputs(shapes, SEED + 7)]
-    cmp = compare_with_fake_quant(prog.frontend, batches)
+    cmp = fake_quant_agreement(prog.frontend, batches)
     assert cmp.layers.total > 0 and cmp.layers.max_step <= 1, f"{name}: {cmp}"
     assert cmp.outputs.max_step <= 1, f"{name}: {cmp}"
 
@@ -209,7 +209,7 @@ def test_attention_with_bool_mask_and_causal():
     fallbacks = {op.attrs["target"] for op in prog.source.ops if op.kind == "aten"}
     assert fallbacks <= {"aten.where.self"}, fallbacks
     _check_targets("bool-masked attention", prog, x, host_allowed={"aten", "softmax"})
-    cmp = compare_with_fake_quant(prog.frontend, [x, _inputs(shapes, SEED + 3)])
+    cmp = fake_quant_agreement(prog.frontend, [x, _inputs(shapes, SEED + 3)])
     assert cmp.layers.max_step <= 1 and cmp.outputs.max_step <= 1, cmp
     out = prog.run(*x)[0]
     np.testing.assert_array_equal(out[:, :, 1], 0.0)  # the row masked everywhere
@@ -245,7 +245,7 @@ def test_bilinear_without_exact_ratio_falls_back_to_float():
     fallbacks = [op.attrs["target"] for op in prog.source.ops if op.kind == "aten"]
     assert fallbacks == ["aten.upsample_bilinear2d.vec"], fallbacks
     np.testing.assert_array_equal(prog.run(*x)[0], run_graph(prog.source, [x[0].numpy()])[0])
-    cmp = compare_with_fake_quant(prog.frontend, [x])
+    cmp = fake_quant_agreement(prog.frontend, [x])
     assert cmp.outputs.max_step <= 1, cmp
 
 

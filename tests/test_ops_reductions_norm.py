@@ -21,7 +21,7 @@ from qlower.testing.frontend import (
     FLOAT_BOUNDARY,
     assert_integer_program,
     assert_targets_bit_exact,
-    compare_with_fake_quant,
+    fake_quant_agreement,
 )
 
 SEED = 0
@@ -176,7 +176,7 @@ def test_reference_within_one_step_of_fake_quant(family):
     name, model, x, prog, kinds = family
     _, make_input, _ = FAMILIES[name]
     batches = [(x,), (make_input(SHAPE, SEED + 7),)]
-    cmp = compare_with_fake_quant(prog.frontend, batches)
+    cmp = fake_quant_agreement(prog.frontend, batches)
     assert cmp.layers.total > 0 and cmp.layers.max_step <= 1, f"{name}: {cmp}"
     assert cmp.outputs.max_step <= 1, f"{name}: {cmp}"
     for (xb,) in batches:  # integer results (indices) must be exactly fake-quant's
@@ -300,7 +300,7 @@ def test_norms_between_integer_ops(model_cls, shape, tables):
             np.testing.assert_array_equal(g, w)
         if target.startswith("tosa"):
             assert len(lowered.partitions) == 1 and not {d.op.kind for d in lowered.decisions} - BOUNDARY
-    cmp = compare_with_fake_quant(prog.frontend, [(x,), (_normal(shape, SEED + 3),)])
+    cmp = fake_quant_agreement(prog.frontend, [(x,), (_normal(shape, SEED + 3),)])
     assert cmp.layers.total > 0 and cmp.layers.max_step <= 1, cmp  # per layer (end to end, steps add up)
 
 

@@ -196,3 +196,55 @@ def test_html_report_renders_in_a_real_browser(tiny, tmp_path):
     pixels = mpimg.imread(shot)
     # the page is not blank: the plots put many distinct colours on it
     assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 50
+
+
+class _SplitNorm(torch.nn.Module):
+    """unbind (several float parts: each its own layer) and LayerNorm (native_layer_norm returns a
+    tuple, of which the graph reads the first)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 16)
+        self.norm = torch.nn.LayerNorm(5)
+        self.out = torch.nn.Linear(5, 4)
+
+    def forward(self, x):
+        a, b = self.fc(x).reshape(2, 5, 2, 8).unbind(2)   # the parts go straight into a matmul, as in attention
+        return self.out(self.norm(a @ b.transpose(1, 2)))
+
+
+def test_nodes_returning_several_tensors_are_matched_to_the_right_part():
+    """A value of unbind's part k must not be compared with part 0 (the isolated comparison of the
+    layers after it then fed them the wrong tensor: 120 steps on timm_vit_tiny), and LayerNorm's
+    value is its first result's."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 8)
+    report = qlower.verify(_SplitNorm().eval(), (x,), calibration=[(x,), (x * 1.3,)], progress=False)
+    assert report.ok, report.problems
+    norm = [r for r in report.layers if "layer_norm" in r.op]
+    assert norm and all(r.ref_vs_fake_quant is not None for r in norm)
+    for r in report.layers:
+        if r.isolated_vs_fake_quant is not None:
+            assert r.isolated_vs_fake_quant.max_steps <= 1, (r.value, r.op, r.isolated_vs_fake_quant)
+
+
+def test_frontend_agreement_fails_when_few_layers_find_their_counterpart(tiny, monkeypatch):
+    """The frontend tests' comparison counts the layers it compared: a mapping that finds one layer
+    of many must fail, not pass on the one it found."""
+    from qlower.frontend import capture_and_import
+    from qlower.testing import frontend
+    from qlower.verification import stages
+
+    model, example, quant, calib = tiny
+    result = capture_and_import(model, example, quant, calib, progress=False)
+    agreement = frontend.fake_quant_agreement(result, [example])
+    assert agreement.counterpart_share == 1.0 and agreement.layers.total > 0
+    capture = stages.capture_torch_values
+
+    def lose_all_but_one(module, inputs):
+        values, codes = capture(module, inputs)
+        keep = sorted(values)[:1]
+        return {k: values[k] for k in keep}, {}
+    monkeypatch.setattr(stages, "capture_torch_values", lose_all_but_one)
+    with pytest.raises(AssertionError, match="too few layers compared"):
+        frontend.fake_quant_agreement(result, [example])

@@ -1,19 +1,23 @@
-"""Comparing an imported IR graph with the fake-quant PyTorch model, in integer codes.
+"""Frontend checks: an imported IR graph against the fake-quant PyTorch model it came from.
 
-Every quantize node of the converted model produces exact integer codes in
-PyTorch; the IR value standing for that node (``node_values``), permuted back
-to PyTorch order, holds codes of the same QuantSpec. Three views, all in
-quantization steps:
-- ``outputs``: both float outputs quantized with the output's QuantSpec;
-- ``drift``: every quantized layer, running the IR on its own (a 1-step
-  difference early on propagates, so deep models drift by more than a step);
-- ``layers``: every quantized layer with its inputs *teacher-forced* to PyTorch's
-  codes, so each op's own rounding is measured (the IR's contract: at most one
-  step from the fake-quant model per op).
+The comparison is the one users run: ``qlower.verification`` on the imported graph
+as a program for target ``reference`` (``fake_quant_agreement``), summarised from
+the report's rows into three views, all in quantization steps:
+- ``outputs``: each output that dequantizes static codes, the reference against
+  fake-quant (``OutputRow.ref_vs_fake_quant``);
+- ``layers``: every quantized layer run alone on fake-quant's inputs
+  (``LayerRow.isolated_vs_fake_quant``: each op's own rounding; the IR's contract is
+  at most one step per op);
+- ``drift``: every quantized layer end to end (``LayerRow.ref_vs_fake_quant``; a
+  1-step difference early on propagates, so deep models drift by more).
+``counterpart_share`` is the share of layers whose value found a PyTorch
+counterpart: a mapping that matches few layers compares almost nothing, so the
+assertions require most of them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,117 +26,74 @@ import torch
 
 from qlower.ir import Graph
 from qlower.reference import run_graph
-from qlower.reference.interpreter import check_inputs, run_op
+from qlower.verification import VerificationReport, run_stages
+from qlower.verification.metrics import Comparison
 
-QD = torch.ops.quantized_decomposed
+MIN_COUNTERPART_SHARE = 0.8   # of the layers of a graph, found in the fake-quant model
 
 
-@dataclass
-class CodeStats:
-    """Accumulated comparison: largest step difference, exact elements / all elements."""
+@dataclass(frozen=True)
+class StepStats:
+    """Over a set of report rows: the most steps, the share of exact elements, how many elements."""
 
-    max_step: int = 0
-    exact: int = 0
-    total: int = 0
+    max_step: float
+    exact_share: float
+    total: int
 
-    def add(self, a: np.ndarray, b: np.ndarray) -> None:
-        diff = np.abs(a.astype(np.int64) - b.astype(np.int64))
-        self.max_step = max(self.max_step, int(diff.max(initial=0)))
-        self.exact += int((diff == 0).sum())
-        self.total += diff.size
+    @classmethod
+    def of(cls, rows: Sequence[tuple[Comparison | None, int]]) -> StepStats:
+        """``rows``: (comparison, elements compared) pairs; rows without a comparison or a step size
+        (a float output) are left out."""
+        made = [(c, n) for c, n in rows if c is not None and not math.isnan(c.max_steps)]
+        total = sum(n for _, n in made)
+        if not total:
+            return cls(0.0, 1.0, 0)
+        return cls(max(c.max_steps for c, _ in made), sum(c.exact_share * n for c, n in made) / total, total)
+
+    def __str__(self) -> str:
+        return f"max {self.max_step:g} step(s), {100 * self.exact_share:.2f}% exact of {self.total}"
+
+
+@dataclass(frozen=True)
+class Agreement:
+    report: VerificationReport   # every row the worst over the batches
+    outputs: StepStats
+    layers: StepStats
+    drift: StepStats
 
     @property
-    def exact_share(self) -> float:
-        return self.exact / self.total if self.total else 1.0
+    def counterpart_share(self) -> float:
+        rows = self.report.layers
+        return sum(r.ref_vs_fake_quant is not None for r in rows) / len(rows) if rows else 1.0
 
     def __str__(self) -> str:
-        return f"max {self.max_step} step(s), {100 * self.exact_share:.2f}% exact of {self.total}"
+        return (f"outputs: {self.outputs} | layers (isolated): {self.layers} | drift: {self.drift} | "
+                f"{100 * self.counterpart_share:.0f}% of {len(self.report.layers)} layers matched")
 
 
-def _torch_codes(gm: torch.fx.GraphModule, inputs: Sequence[torch.Tensor]) -> dict[str, np.ndarray]:
-    codes: dict[str, np.ndarray] = {}
+def fake_quant_agreement(result, batches: Sequence[Sequence[torch.Tensor]],
+                         outputs: Sequence[int] | None = None) -> Agreement:
+    """``qlower.verification`` on the imported graph of ``result`` (a FrontendResult) for target
+    ``reference`` over ``batches``; the statistics count the elements of every batch's rows, so an
+    exact share is exact elements over all elements compared. ``outputs``: the model outputs to count
+    (default all). Fails unless MIN_COUNTERPART_SHARE of the layers found their PyTorch counterpart."""
+    from qlower.partition import float_fallbacks
+    from qlower.program import Program
 
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, n):
-            out = super().run_node(n)
-            if n.op == "call_function" and n.target == QD.quantize_per_tensor.default:
-                codes[n.name] = out.numpy().copy()
-            return out
-
-    with torch.no_grad():
-        Recorder(gm).run(*inputs)
-    return codes
-
-
-def output_specs(graph: Graph):
-    """QuantSpec of the codes each graph output dequantizes (None for a float result)."""
-    producers = graph.producers()
-    specs = []
-    for v in graph.outputs:
-        op = producers.get(v)
-        while op is not None and op.kind == "transpose":
-            op = producers.get(op.operands[0])
-        specs.append(op.operands[0].quant if op is not None and op.kind == "dequantize" else None)
-    return specs
-
-
-def to_codes(x: np.ndarray, spec) -> np.ndarray:
-    t = torch.as_tensor(np.asarray(x, dtype=np.float32))
-    return QD.quantize_per_tensor.default(t, spec.scale[0], spec.zero_point[0], spec.qmin, spec.qmax,
-                                          torch.int32).numpy()
-
-
-def _forced_values(result, batch) -> dict:
-    """IR value -> PyTorch's codes for it, laid out like the IR value."""
-    forced = {}
-    for name, codes in _torch_codes(result.fake_quant, batch).items():
-        hit = result.node_values.get(name)
-        if hit is None or hit[0] in forced:
-            continue
-        value, perm = hit
-        arr = np.transpose(codes, perm) if perm else codes
-        if value.quant is not None and arr.shape == value.shape:
-            forced[value] = arr.astype(value.dtype.numpy)
-    return forced
-
-
-@dataclass
-class Comparison:
-    outputs: CodeStats
-    drift: CodeStats
-    layers: CodeStats
-
-    def __str__(self) -> str:
-        return f"outputs: {self.outputs} | layers (teacher-forced): {self.layers} | drift: {self.drift}"
-
-
-def compare_with_fake_quant(result, batches: Sequence[Sequence[torch.Tensor]],
-                            outputs: Sequence[int] | None = None) -> Comparison:
-    """Code statistics of the IR (reference interpreter) vs ``result.fake_quant`` on ``batches``
-    (``outputs``: indices of the model outputs to compare, default all)."""
-    cmp = Comparison(CodeStats(), CodeStats(), CodeStats())
-    specs = output_specs(result.graph)
-    for batch in batches:
-        batch = tuple(batch)
-        arrays = [x.numpy() for x in batch]
-        ir_outs, env = run_graph(result.graph, arrays, keep_all=True)
-        with torch.no_grad():
-            fq = result.fake_quant(*batch)
-        fq = fq if isinstance(fq, (tuple, list)) else (fq,)
-        for i, (ir, ref, spec) in enumerate(zip(ir_outs, fq, specs)):
-            if spec is not None and (outputs is None or i in outputs):
-                cmp.outputs.add(to_codes(ir, spec), to_codes(ref.numpy(), spec))
-        forced = _forced_values(result, batch)
-        for value, codes in forced.items():
-            cmp.drift.add(env[value], codes)
-        env = dict(zip(result.graph.inputs, check_inputs(result.graph, arrays)))
-        for op in result.graph.ops:
-            run_op(op, env)
-            for r in op.results:
-                if r in forced:
-                    cmp.layers.add(env[r], forced[r])
-                    env[r] = forced[r]
-    return cmp
+    graph = result.graph
+    program = Program("reference", graph, graph, decisions=float_fallbacks(graph))
+    program.frontend = result
+    reports = [run_stages(program, tuple(b)) for b in batches]
+    size = {v.name: int(np.prod(v.shape, dtype=np.int64)) for op in graph.ops for v in op.results}
+    out_size = [int(np.prod(v.shape, dtype=np.int64)) for v in graph.outputs]
+    agreement = Agreement(
+        VerificationReport.worst_of(reports),
+        StepStats.of([(o.ref_vs_fake_quant, out_size[o.index]) for r in reports for o in r.outputs
+                      if outputs is None or o.index in outputs]),
+        StepStats.of([(row.isolated_vs_fake_quant, size[row.value]) for r in reports for row in r.layers]),
+        StepStats.of([(row.ref_vs_fake_quant, size[row.value]) for r in reports for row in r.layers]))
+    assert agreement.counterpart_share >= MIN_COUNTERPART_SHARE, f"too few layers compared: {agreement}"
+    return agreement
 
 
 def float_error(result, model: torch.nn.Module, batches: Sequence[Sequence[torch.Tensor]]) -> float:

@@ -19,7 +19,6 @@ import numpy as np
 from qlower.errors import ExecutionError
 from qlower.ir import Graph, Op, Value
 from qlower.reference import run_op
-from qlower.verification.metrics import to_codes
 
 
 def _layer_ops(graph: Graph, v: Value, stops: set[Value], producer: dict[Value, Op], position: dict[Op, int]
@@ -44,8 +43,9 @@ def _layer_ops(graph: Graph, v: Value, stops: set[Value], producer: dict[Value, 
 
 
 def isolated_codes(graph: Graph, layers: list[Value], graph_inputs: dict[Value, np.ndarray],
-                   torch_value: Callable[[Value], np.ndarray | None]) -> dict[Value, np.ndarray]:
-    """For each layer whose inputs all have PyTorch counterparts: its codes computed from them."""
+                   fake_quant_of: Callable[[Value], np.ndarray | None]) -> dict[Value, np.ndarray]:
+    """For each layer whose inputs all have PyTorch counterparts (``fake_quant_of``: a value's
+    counterpart in its own domain, codes for quantized values): its codes computed from them."""
     producer = graph.producers()
     position = {op: i for i, op in enumerate(graph.ops)}
     stops = set(layers)
@@ -57,10 +57,10 @@ def isolated_codes(graph: Graph, layers: list[Value], graph_inputs: dict[Value, 
             if u in graph_inputs:
                 env[u] = graph_inputs[u]
                 continue
-            t = torch_value(u)
+            t = fake_quant_of(u)
             if t is None:
                 break
-            env[u] = to_codes(t, u.quant).astype(u.dtype.numpy) if u.quant is not None else t.astype(np.float32)
+            env[u] = t
         else:
             try:
                 for op in ops:

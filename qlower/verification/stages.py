@@ -10,6 +10,7 @@ value's own QuantSpec, so every comparison is in codes of one type.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,22 +25,38 @@ from qlower.verification.isolated import isolated_codes
 from qlower.verification.metrics import compare_codes, compare_floats, to_codes
 from qlower.verification.report import LayerRow, OutputRow, VerificationReport
 
+_QUANTIZE = "quantize_per_tensor"
 
-def capture_torch_values(module: Any, inputs: Sequence[Any]) -> dict[str, np.ndarray]:
-    """Every tensor-valued node of an fx GraphModule, by node name."""
+
+def capture_torch_values(module: Any, inputs: Sequence[Any]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Every float tensor of an fx GraphModule by node name, and the integer codes of its
+    ``quantize_per_tensor`` nodes by node name."""
     values: dict[str, np.ndarray] = {}
+    codes: dict[str, np.ndarray] = {}
+    firsts: dict[str, np.ndarray] = {}   # first part of nodes returning several tensors
     if module is None or not hasattr(module, "graph"):
-        return values
+        return values, codes
 
     class Recorder(torch.fx.Interpreter):
         def run_node(self, n):
             out = super().run_node(n)
             if isinstance(out, torch.Tensor) and out.is_floating_point():
                 values[n.name] = out.detach().numpy().copy()
+            elif isinstance(out, (tuple, list)) and out and isinstance(out[0], torch.Tensor) \
+                    and out[0].is_floating_point():
+                firsts[n.name] = out[0].detach().numpy().copy()
+            elif isinstance(out, torch.Tensor) and n.op == "call_function" and _QUANTIZE in str(n.target):
+                codes[n.name] = out.detach().numpy().copy()
             return out
 
     with torch.no_grad():
         Recorder(module).run(*inputs)
+    # A node returning several tensors (native_layer_norm, max.dim) stands for its first, unless the graph
+    # reads several float parts of it (unbind, split: each part is a value of its own, none is the node's).
+    for n in module.graph.nodes:
+        parts = [u for u in n.users if u.target is operator.getitem and u.name in values]
+        if n.name in firsts and len(parts) <= 1:
+            values[n.name] = firsts[n.name]
     # PT2E folds batch norm into the conv before quantizing, so the quantized graph's
     # conv node stands for the float graph's conv → batch-norm pair: alias the pair.
     for n in module.graph.nodes:
@@ -49,7 +66,21 @@ def capture_torch_values(module: Any, inputs: Sequence[Any]) -> dict[str, np.nda
             out = next((u for u in bn.users if "getitem" in str(u.target)), bn)
             if out.name in values:
                 values[n.name] = values[out.name]
-    return values
+    return values, codes
+
+
+def _quantize_node_codes(front: Any, codes: dict[str, np.ndarray]) -> dict[Value, np.ndarray]:
+    """PyTorch's own codes for the IR values the importer made of its quantize nodes, in IR layout:
+    the exact counterpart of a layer (no re-quantization of a float that may stand for something else)."""
+    out: dict[Value, np.ndarray] = {}
+    for name, (value, perm) in getattr(front, "node_values", {}).items():
+        c = codes.get(name)
+        if c is None or value in out or value.quant is None:
+            continue
+        c = np.transpose(c, perm) if perm else c
+        if c.shape == value.shape:
+            out[value] = c.astype(value.dtype.numpy)
+    return out
 
 
 def _torch_value_in_ir_layout(v: Value, values: dict[str, np.ndarray]) -> np.ndarray | None:
@@ -103,8 +134,18 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
     np_inputs = [as_numpy(x) for x in inputs]
     fp32_out = front.float_model(*torch_inputs)
     fp32_outs = [as_numpy(o) for o in (fp32_out if isinstance(fp32_out, (tuple, list)) else (fp32_out,))]
-    fq_values = capture_torch_values(front.fake_quant, torch_inputs)
-    fp32_values = capture_torch_values(getattr(front, "float_graph", None), torch_inputs)
+    fq_values, fq_node_codes = capture_torch_values(front.fake_quant, torch_inputs)
+    fp32_values, _ = capture_torch_values(getattr(front, "float_graph", None), torch_inputs)
+    fq_exact = _quantize_node_codes(front, fq_node_codes)
+
+    def fake_quant_of(v: Value) -> np.ndarray | None:
+        """fake-quant's value for ``v`` in its domain: codes for quantized values, else floats."""
+        if v in fq_exact:
+            return fq_exact[v]
+        t = _torch_value_in_ir_layout(v, fq_values)
+        if t is None:
+            return None
+        return t.astype(np.float32) if v.quant is None else to_codes(t, v.quant).astype(v.dtype.numpy)
     fq_outs = None
     if front.fake_quant is not None:
         with torch.no_grad():
@@ -119,21 +160,20 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
 
     where = {name: p.name for p in program.partitions for name in p.values}
     layers = _layers(program.source)
-    isolated = isolated_codes(program.source, layers, dict(zip(program.source.inputs, np_inputs)),
-                              lambda u: _torch_value_in_ir_layout(u, fq_values))
+    isolated = isolated_codes(program.source, layers, dict(zip(program.source.inputs, np_inputs)), fake_quant_of)
     rows: list[LayerRow] = []
     for v in layers:
         ref = ref_named[v.name]
-        fq = _torch_value_in_ir_layout(v, fq_values)
+        fq = fake_quant_of(v)
         fp = _representable(_torch_value_in_ir_layout(v, fp32_values), v)
         tgt = tgt_named.get(v.name)
         rows.append(LayerRow(
             value=v.name, op=v.origin.node, module=v.origin.module, source=v.origin.source, type=str(v.type),
-            ref_vs_fake_quant=None if fq is None else compare_codes(ref, to_codes(fq, v.quant), v.quant, fp),
+            ref_vs_fake_quant=None if fq is None else compare_codes(ref, fq, v.quant, fp),
             target_vs_ref=None if tgt is None or tgt.shape != ref.shape else compare_codes(tgt, ref, v.quant),
             inside_partition=v.name in where,
             isolated_vs_fake_quant=None if fq is None or v not in isolated
-            else compare_codes(isolated[v], to_codes(fq, v.quant), v.quant),
+            else compare_codes(isolated[v], fq, v.quant),
         ))
     outputs = []
     for i, (v, ref) in enumerate(zip(program.source.outputs, ref_outs)):
