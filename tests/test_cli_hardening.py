@@ -83,7 +83,7 @@ def test_run_output_is_written_exactly_where_it_says(capsys, tmp_path, name, out
         b = qlower.ir.GraphBuilder()
         x = b.input("x", qlower.ir.TensorType((2, 3), qlower.ir.DType.FLOAT32))
         y = b.op("quantize", x, out=qlower.ir.QuantSpec.per_tensor(0.1, 0), name="y")
-        g = qlower.ir.verify(b.build([x, y]))
+        g = qlower.ir.verify_graph(b.build([x, y]))
         prog = qlower.program.Program("reference", g, g)
         x_in = np.ones((2, 3), np.float32)
     else:

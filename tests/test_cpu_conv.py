@@ -12,7 +12,7 @@ import torch
 
 from qlower.backends.cpu import gemm, prepare
 from qlower.errors import ExecutionError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 from qlower.testing.cpu_checks import assert_cpu_matches_reference
 from qlower.testing.graph_checks import random_inputs
@@ -44,7 +44,7 @@ def conv_graph(x_shape, o, k, stride=(1, 1), dilation=(1, 1), pad=(0, 0, 0, 0), 
         s_out = s_x * float(w_scales.mean()) * np.sqrt(k_total) * 74 * 74 / 40
         y = b.op("rescale", acc, out=QuantSpec.per_tensor(s_out, -10), name="y")
         outputs = [b.op("clamp", y, min=-10, max=100, name="relu")]
-    return verify(b.build(outputs)), (w_data if runtime_weights else None)
+    return verify_graph(b.build(outputs)), (w_data if runtime_weights else None)
 
 
 CASES = {
@@ -124,7 +124,7 @@ def test_fully_connected_matches_reference():
         acc = b.op("fully_connected", x, w, bv)
         y = b.op("rescale", acc, out=QuantSpec.per_tensor(0.03 * 0.005 * np.sqrt(k) * 74 * 74 / 40, 4))
         for outputs in ([acc], [y]):
-            graph = verify(b.build(outputs))
+            graph = verify_graph(b.build(outputs))
             assert_cpu_matches_reference(graph, random_inputs(graph, 3))
 
 
@@ -135,7 +135,7 @@ def test_int_matmul_matches_reference(zps):
     c = b.input("c", TensorType((3, 33, 6), DType.INT8, QuantSpec.per_tensor(0.2, zps[1])))
     acc = b.op("matmul", a, c)
     y = b.op("rescale", acc, out=QuantSpec.per_tensor(0.1 * 0.2 * 60, 0))
-    graph = verify(b.build([acc, y]))
+    graph = verify_graph(b.build([acc, y]))
     assert_cpu_matches_reference(graph, random_inputs(graph, 4))
 
 
@@ -150,7 +150,7 @@ def test_float_gemms_match_reference_to_float64_rounding():
     flat = b.op("reshape", dw, shape=(1, int(np.prod(dw.shape))))
     fc = b.op("fully_connected", flat, b.constant(rng.standard_normal((3, flat.shape[1])).astype(np.float32)), None)
     m = b.op("matmul", b.op("reshape", fc, shape=(1, 3, 1)), b.op("reshape", fc, shape=(1, 1, 3)))
-    graph = verify(b.build([m]))
+    graph = verify_graph(b.build([m]))
     assert_cpu_matches_reference(graph, random_inputs(graph, 6), float_rtol=1e-6)
 
 
@@ -164,7 +164,7 @@ def test_accumulator_overflow_raises_like_the_reference():
     y = b.op("rescale", acc, out=QuantSpec.per_tensor(2.0**20, 0), name="y")
     inputs = [np.full((1, 1, 1, 1), 127, np.int8)]  # (127 + 128) * 127 + 2**31 - 100 > 2**31 - 1
     for outputs in ([acc], [y]):
-        graph = verify(b.build(outputs))
+        graph = verify_graph(b.build(outputs))
         with pytest.raises(ExecutionError, match="overflow"):
             run_graph(graph, inputs)
         for cfg in ({}, {"native": False}, {"gemm_engine": "float64"}):
@@ -200,7 +200,7 @@ def test_one_channel_pointwise_conv_reads_a_transposed_view_exactly(engine):
     w = b.constant(np.array([[[[-127]]]], np.int8), QuantSpec.per_channel([6e-5], axis=0, qmin=-127, qmax=127))
     acc = b.op("conv2d", nhwc, w, None)
     out = b.op("rescale", acc, out=QuantSpec.per_tensor(0.002, -128))
-    graph = verify(b.build([out]))
+    graph = verify_graph(b.build([out]))
     inputs = random_inputs(graph, 7)
     want = run_graph(graph, inputs)[0]
     plan = prepare(graph, gemm_engine=engine)

@@ -10,7 +10,7 @@ import pytest
 
 from qlower.backends.cpu import prepare
 from qlower.errors import ExecutionError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 from qlower.testing.cpu_checks import assert_cpu_matches_reference
 from qlower.testing.graph_checks import random_inputs
@@ -60,7 +60,7 @@ def test_dynamic_conv(case):
         y = b.op("add", y, _bias(b, rng, o, 4))
     elif bias == "before":
         y = b.op("add", _bias(b, rng, o, 4), y)
-    graph = verify(b.build([y]))
+    graph = verify_graph(b.build([y]))
     _check(graph, ["dynamic_quantize+conv2d+dequantize" + ("+add" if bias else "")])
 
 
@@ -73,7 +73,7 @@ def test_dynamic_fully_connected(granularity, shape):
     codes, scale = b.op("dynamic_quantize", x, granularity=granularity)
     y = b.op("dequantize", b.op("fully_connected", codes, _weights(b, rng, (10, 33)), None), scale)
     y = b.op("add", y, _bias(b, rng, 10, len(shape)))
-    graph = verify(b.build([y]))
+    graph = verify_graph(b.build([y]))
     _check(graph, ["dynamic_quantize+fully_connected+dequantize+add"])
 
 
@@ -86,7 +86,7 @@ def test_shared_codes_feed_two_gemms():
     q = b.op("add", b.op("dequantize", b.op("fully_connected", codes, _weights(b, rng, (16, 16), "wq"), None),
                          scale), _bias(b, rng, 16, 2, "bq"))
     k = b.op("dequantize", b.op("fully_connected", codes, _weights(b, rng, (8, 16), "wk"), None), scale)
-    graph = verify(b.build([q, k]))
+    graph = verify_graph(b.build([q, k]))
     _check(graph, ["fully_connected+dequantize+add", "fully_connected+dequantize"])
 
 
@@ -96,7 +96,7 @@ def test_int16_dynamic_codes():
     x = b.input("x", TensorType((1, 5, 5, 4), F32))
     codes, scale = b.op("dynamic_quantize", x, dtype=DType.INT16, qmax=32767)
     y = b.op("dequantize", b.op("conv2d", codes, _weights(b, rng, (6, 3, 3, 4)), None, pad=(1, 1, 1, 1)), scale)
-    graph = verify(b.build([y]))
+    graph = verify_graph(b.build([y]))
     _check(graph, ["dynamic_quantize+conv2d+dequantize"])
 
 
@@ -106,7 +106,7 @@ def test_observed_intermediates_are_not_fused():
     x = b.input("x", TensorType((3, 12), F32))
     codes, scale = b.op("dynamic_quantize", x)
     acc = b.op("fully_connected", codes, _weights(b, rng, (7, 12)), None)
-    graph = verify(b.build([b.op("dequantize", acc, scale), acc, scale]))
+    graph = verify_graph(b.build([b.op("dequantize", acc, scale), acc, scale]))
     _check(graph, [])
 
 
@@ -122,7 +122,7 @@ def test_per_channel_binary_op_first_in_line():
         codes, scale = b.op("dynamic_quantize", h)
         acc = b.op("conv2d", codes, _weights(b, rng, (5, 3, 3, 4), f"w{i}"), None, pad=(1, 1, 1, 1))
         branches.append(b.op("add", b.op("dequantize", acc, scale), _bias(b, rng, 5, 4, f"b{i}")))
-    graph = verify(b.build(branches))
+    graph = verify_graph(b.build(branches))
     _check(graph, ["dynamic_quantize+conv2d+dequantize+add"] * 3)
 
 
@@ -132,7 +132,7 @@ def test_nan_input_is_an_execution_error():
     b = GraphBuilder("nan")
     x = b.input("x", TensorType((2, 8), F32))
     codes, scale = b.op("dynamic_quantize", x)
-    graph = verify(b.build([b.op("dequantize", b.op("fully_connected", codes, _weights(b, rng, (3, 8)), None),
+    graph = verify_graph(b.build([b.op("dequantize", b.op("fully_connected", codes, _weights(b, rng, (3, 8)), None),
                                  scale)]))
     bad = [np.full((2, 8), np.nan, np.float32)]
     with pytest.raises(ExecutionError):

@@ -12,7 +12,7 @@ import pytest
 
 from qlower.backends.cpu import native, prepare
 from qlower.errors import ExecutionError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 from qlower.testing.cpu_checks import assert_cpu_matches_reference
 from qlower.testing.graph_checks import random_inputs
@@ -30,7 +30,7 @@ def q32(scale):
 
 def check(build, seed=0, **kw):
     b = GraphBuilder("t")
-    graph = verify(b.build(build(b)))
+    graph = verify_graph(b.build(build(b)))
     return assert_cpu_matches_reference(graph, random_inputs(graph, seed), **kw)
 
 
@@ -38,7 +38,7 @@ def test_intdiv_truncates_toward_zero_and_reports_division_by_zero():
     b = GraphBuilder("div")
     a = b.input("a", TensorType((8,), I32, q32(1.0)))
     c = b.input("c", TensorType((8,), I32, q32(1.0)))
-    graph = verify(b.build([b.op("intdiv", a, c)]))
+    graph = verify_graph(b.build([b.op("intdiv", a, c)]))
     av = np.array([7, -7, 7, -7, 0, 2**31 - 1, -(2**31), 5], np.int32)
     cv = np.array([2, 2, -2, -2, 3, -1, 7, 5], np.int32)
     assert_cpu_matches_reference(graph, [av, cv])
@@ -53,7 +53,7 @@ def test_intdiv_truncates_toward_zero_and_reports_division_by_zero():
 def test_int32_add_overflow_raises_like_the_reference():
     b = GraphBuilder("ovf")
     a = b.input("a", TensorType((2,), I32, q32(1.0)))
-    graph = verify(b.build([b.op("add", a, a)]))
+    graph = verify_graph(b.build([b.op("add", a, a)]))
     big = [np.array([1, 2**30 + 5], np.int32)]
     with pytest.raises(ExecutionError, match="overflows int32"):
         run_graph(graph, big)

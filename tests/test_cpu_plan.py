@@ -8,7 +8,7 @@ import torch
 
 from qlower.backends.cpu import CpuBackend, prepare
 from qlower.errors import InputError, UnsupportedOpError
-from qlower.ir import OPS, DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import OPS, DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 from qlower.testing import programs
 from qlower.testing.cpu_checks import assert_cpu_matches_reference
@@ -21,7 +21,7 @@ def small_graph():
     f = b.input("features", TensorType((2, 5), DType.FLOAT32))
     w = b.constant(np.arange(-18, 18, dtype=np.int8).reshape(2, 3, 2, 3), QuantSpec.per_tensor(0.01), name="w")
     y = b.op("rescale", b.op("conv2d", x, w, None), out=QuantSpec.per_tensor(0.05, 0))
-    return verify(b.build([y, b.op("tanh", f), w]))
+    return verify_graph(b.build([y, b.op("tanh", f), w]))
 
 
 @pytest.mark.parametrize("name,make", [("conv", programs.conv_graph), ("movement", programs.movement_graph),

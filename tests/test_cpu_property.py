@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from qlower.errors import IRError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, Value, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, Value, verify_graph
 from qlower.testing.cpu_checks import assert_cpu_matches_reference
 from qlower.testing.graph_checks import random_inputs
 
@@ -92,7 +92,7 @@ def graphs(draw):
             h = layer(h)
         except IRError:
             assume(False)  # e.g. an empty convolution output
-    return verify(nb.b.build([h]))
+    return verify_graph(nb.b.build([h]))
 
 
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

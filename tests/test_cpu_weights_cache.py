@@ -5,7 +5,7 @@ import threading
 import numpy as np
 
 from qlower.backends.cpu import prepare, weights_cache
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 from qlower.testing.graph_checks import random_inputs
 
@@ -24,7 +24,7 @@ def twin_convs(bias_data, second_bias=None, depthwise=False):
         bias = None if data is None else b.constant(np.asarray(data, np.int32), acc_q, name=f"b{i}")
         acc = b.op("conv2d", x, w, bias, pad=(1, 1, 1, 1))
         outs.append(b.op("rescale", acc, out=QuantSpec.per_tensor(0.2, -5)))
-    return verify(b.build(outs))
+    return verify_graph(b.build(outs))
 
 
 def _counts():
@@ -126,7 +126,7 @@ def _conv_program(seed: int):
     x = b.input("x", TensorType((1, 4, 4, 4), DType.INT8, QuantSpec.per_tensor(0.05, 3)))
     w = b.constant(np.random.default_rng(seed).integers(-127, 128, (4, 3, 3, 4)).astype(np.int8), W_Q_4)
     acc = b.op("conv2d", x, w, None, pad=(1, 1, 1, 1))
-    g = verify(b.build([b.op("rescale", acc, out=QuantSpec.per_tensor(0.2, -5))]))
+    g = verify_graph(b.build([b.op("rescale", acc, out=QuantSpec.per_tensor(0.2, -5))]))
     return g, program_from_bytes(program_to_bytes(Program("cpu", g, g)))
 
 

@@ -17,7 +17,7 @@ from qlower.backends.ethosu.backend import EXECUTION, aliased_outputs, boundary_
 from qlower.backends.ethosu.support import BOUNDARY_TRANSPOSE_REASON
 from qlower.backends.ethosu.vela import IOTensor
 from qlower.errors import CompileError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, Value, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, Value, verify_graph
 from qlower.partition import partition
 from qlower.reference import run_graph
 from qlower.runtime.runner import Runner
@@ -49,7 +49,7 @@ def float_in_the_middle():
     s = b.op("sigmoid", b.op("dequantize", a, None, name="a_f"), name="sig")
     q = b.op("quantize", s, out=QuantSpec.per_tensor(1 / 256, -128), name="sig_q")
     c = conv_block(b, q, 8, 1, "c2", out=QuantSpec.per_tensor(0.02, 5))
-    return verify(b.build([c, b.op("dequantize", c, None, name="c_f")]))
+    return verify_graph(b.build([c, b.op("dequantize", c, None, name="c_f")]))
 
 
 def intdiv_in_the_middle():
@@ -60,7 +60,7 @@ def intdiv_in_the_middle():
     seven = b.constant(np.full((1, 1, 1, 1), 7, np.int32), QuantSpec.per_tensor(1.0, 0, DType.INT32), name="seven")
     acc_t = b.op("rescale", acc, out=QuantSpec.per_tensor(1e-4, 0, DType.INT32), name="acc_t")
     d = b.op("intdiv", acc_t, seven, name="div")
-    return verify(b.build([b.op("rescale", d, out=QuantSpec.per_tensor(0.01, 0), name="y")]))
+    return verify_graph(b.build([b.op("rescale", d, out=QuantSpec.per_tensor(0.01, 0), name="y")]))
 
 
 def _inputs(g, seed=0):
@@ -131,7 +131,7 @@ def _transposes_graph():
     t1 = b.op("transpose", a, perm=(0, 2, 1, 3), name="inner")
     c = conv_block(b, t1, 8, 4, "c2")
     back = b.op("transpose", c, perm=(0, 3, 1, 2), name="to_nchw")
-    return verify(b.build([b.op("dequantize", back, None, name="out")]))
+    return verify_graph(b.build([b.op("dequantize", back, None, name="out")]))
 
 
 def test_boundary_transpose_stays_on_the_host_once_the_graph_is_known():
@@ -303,7 +303,7 @@ def test_int16_table_needs_gather_which_u55_lacks():
     b = GraphBuilder("t16")
     x = b.input("x", TensorType((1, 4, 4, 8), DType.INT16, q16))
     table = (np.arange(-32768, 32768) // 3).astype(np.int16)
-    g = verify(b.build([b.op("table", x, table=table, offset=32768, out=q16, name="lut")]))
+    g = verify_graph(b.build([b.op("table", x, table=table, offset=32768, out=q16, name="lut")]))
     be = EthosUBackend()
     lut = _op(g, "lut")
     no = be.supports(lut, U55)
@@ -345,7 +345,7 @@ def test_an_output_that_only_reshapes_an_input_gets_its_own_buffer():
     x = b.input("x", TensorType((4, 2), DType.INT8, XQ))
     r = b.op("reshape", x, shape=(1, 4, 1, 2), name="r")
     conv = conv_block(b, r, 4, 3, "c")
-    g = verify(b.build([r, conv, b.op("reshape", conv, shape=(1, 4, 4), name="conv_flat")]))
+    g = verify_graph(b.build([r, conv, b.op("reshape", conv, shape=(1, 4, 4), name="conv_flat")]))
     assert {v.name for v in aliased_outputs(g)} == {"r", "conv_flat"}
     copied = materialize_aliased_outputs(g)
     assert [v.name for v in copied.outputs] == ["r_copy", "c_rq", "conv_flat_copy"]
@@ -371,7 +371,7 @@ def _dropped_output_graph(step, consumer):
     t = b.op("transpose", s, perm=(0, 3, 1, 2), name="t") if consumer == "transpose" else \
         b.op("concat", (s, s), axis=3, name="t")
     r = b.op("reshape", t, shape=(1, t.type.numel), name="r")
-    return verify(b.build([b.op("dequantize", r, None, name="d"), s]))
+    return verify_graph(b.build([b.op("dequantize", r, None, name="d"), s]))
 
 
 @pytest.mark.parametrize("target", [U85, U55])

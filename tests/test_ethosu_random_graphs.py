@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from qlower.backends.ethosu import EthosUBackend
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, Value, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, Value, verify_graph
 from qlower.partition import partition
 from qlower.reference import run_graph
 from qlower.runtime.runner import Runner
@@ -93,7 +93,7 @@ def random_graph(seed: int):
     sinks = [r for op in g.ops if op.kind != "constant" for r in op.results if r not in read]
     if rng.random() < 0.5:
         sinks[0] = b.op("dequantize", sinks[0], None)
-    return verify(b.build(sinks))
+    return verify_graph(b.build(sinks))
 
 
 @pytest.mark.parametrize("target", ["ethos-u85-256", "ethos-u55-128"])

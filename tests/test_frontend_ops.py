@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from qlower.frontend import QuantConfig, capture_and_import
-from qlower.ir import verify
+from qlower.ir import verify_graph
 from qlower.reference import run_graph
 from qlower.testing.frontend import fake_quant_agreement, float_error
 
@@ -207,7 +207,7 @@ def test_quantized_import_matches_fake_quant(case: Case):
     model = _model(case)
     calibration = _batches(case.shapes, 6, seed=1)
     result = capture_and_import(model, calibration[0], QuantConfig(), calibration, progress=False)
-    verify(result.graph)
+    verify_graph(result.graph)
     kinds = result.graph.count_ops()
     assert set(case.expect) <= set(kinds), f"expected {case.expect} in {kinds}"
     cmp = fake_quant_agreement(result, calibration + _batches(case.shapes, 3, seed=2))
@@ -225,7 +225,7 @@ def test_float_import_matches_eager(case: Case):
     model = _model(case)
     batches = _batches(case.shapes, 3, seed=3)
     result = capture_and_import(model, batches[0], None, progress=False)
-    verify(result.graph)
+    verify_graph(result.graph)
     assert result.fake_quant is None
     assert all(v.quant is None for v in result.graph.values())
     assert float_error(result, model, batches) <= 1e-4

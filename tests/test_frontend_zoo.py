@@ -17,7 +17,7 @@ import torch
 
 from qlower import zoo
 from qlower.frontend import capture_and_import
-from qlower.ir import verify
+from qlower.ir import verify_graph
 from qlower.reference import run_graph
 from qlower.testing.frontend import fake_quant_agreement
 
@@ -37,7 +37,7 @@ def _params():
 def test_zoo_model_matches_fake_quant(name):
     model, example, quant, calibration = zoo.get(name, SIZES.get(name))
     result = capture_and_import(model, example, quant, calibration, progress=False)
-    verify(result.graph)
+    verify_graph(result.graph)
     batches = [example] + list(calibration)[:4]
     if quant.mode == "dynamic":
         for batch in batches:

@@ -16,7 +16,7 @@ import pytest
 import qlower.backends.ethosu.backend as ethosu_backend
 from qlower.api import lower_graph
 from qlower.backends.ethosu import EthosUBackend
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, print_graph, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, print_graph, verify_graph
 from qlower.reference import run_graph
 from qlower.testing.differential import (
     DifferentialMismatch,
@@ -89,7 +89,7 @@ def issue14_graph():
     s = b.op("slice", p, start=(0, 0, 0, 0), stop=p.type.shape, step=(1, 2, 2, 1), name="s")
     t = b.op("transpose", s, perm=(0, 3, 1, 2), name="t")
     r = b.op("reshape", t, shape=(1, t.type.numel), name="r")
-    return verify(b.build([b.op("dequantize", r, None, name="d"), s]))
+    return verify_graph(b.build([b.op("dequantize", r, None, name="d"), s]))
 
 
 def _output_buffers(payload) -> list[tuple[int, int, int]]:
@@ -155,7 +155,7 @@ def chain_graph(kinds: tuple[str, ...]):
     for kind in kinds:
         v = _movement(b, v, kind)
         links.append(v)
-    return verify(b.build(links))
+    return verify_graph(b.build(links))
 
 
 def _check_partition(g, target: str):

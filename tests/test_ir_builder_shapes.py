@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from qlower.errors import IRError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, print_graph, rebuild, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, print_graph, rebuild, verify_graph
 
 I8, I16, I32, F32 = DType.INT8, DType.INT16, DType.INT32, DType.FLOAT32
 XQ = QuantSpec.per_tensor(0.5, 2)
@@ -65,7 +65,7 @@ def test_transpose_moves_the_per_channel_axis():
     assert t2.type == TensorType((4, 8, 3, 3), I8, wq.with_axis(1))
     with pytest.raises(IRError, match=r"transpose: perm \(0, 1, 1, 2\) is not a permutation of rank 4"):
         b.op("transpose", w, perm=(0, 1, 1, 2))
-    assert verify(b.build([t, t2]))
+    assert verify_graph(b.build([t, t2]))
 
 
 def test_pad():
@@ -100,7 +100,7 @@ def test_slice_of_the_per_channel_axis_keeps_its_types_valid():
     z = b.op("slice", p, start=(0, 0, 0, 0), stop=(1, 2, 2, 3), step=(1, 1, 1, 2))
     assert y.type == TensorType((1, 2, 2, 2), I8, QuantSpec.per_channel([0.2, 0.3], axis=3))
     assert z.type == TensorType((1, 2, 2, 2), I8, QuantSpec.per_channel([0.1, 0.3], axis=3))
-    assert verify(b.build([y, z]))
+    assert verify_graph(b.build([y, z]))
 
 
 # -- pooling and reductions --------------------------------------------------------------
@@ -254,7 +254,7 @@ def test_rebuild_copies_a_graph_with_new_values():
     assert print_graph(copy) == print_graph(g)
     old_values, new_values = set(g.values()), set(copy.values())
     assert len(new_values) == len(old_values) and not old_values & new_values
-    assert verify(copy)
+    assert verify_graph(copy)
 
 
 def test_rebuild_re_infers_downstream_types():
@@ -269,7 +269,7 @@ def test_rebuild_re_infers_downstream_types():
     assert kinds["rescale"] == TensorType((1, 4, 4, 3), I8, new_out)
     assert kinds["reshape"] == TensorType((1, 48), I8, new_out)
     assert kinds["concat"] == TensorType((1, 96), I8, new_out)
-    assert verify(after)
+    assert verify_graph(after)
 
 
 def test_rebuild_rejects_a_rewrite_with_the_wrong_number_of_values():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from qlower.errors import VerificationError
-from qlower.ir import RULES, DType, Graph, GraphBuilder, Op, Origin, QuantSpec, TensorType, Value, verify
+from qlower.ir import RULES, DType, Graph, GraphBuilder, Op, Origin, QuantSpec, TensorType, Value, verify_graph
 from qlower.ir.opdefs import normalize_attrs
 
 S_IN, S_W = 0.05, 0.02
@@ -29,7 +29,7 @@ def _const(name, data, quant=None):
 
 def _assert_broken(graph: Graph, rule: str, *names: str):
     with pytest.raises(VerificationError) as e:
-        verify(graph)
+        verify_graph(graph)
     msg = str(e.value)
     assert f"[{rule}]" in msg, msg
     for n in names:
@@ -56,7 +56,7 @@ def test_rules_table_lists_the_documented_rules():
 def test_correct_accumulator_scale_passes():
     good = QuantSpec(DType.INT32, (S_IN * S_W,), (0,), DType.INT32.min, DType.INT32.max)
     g = _conv_graph(good)
-    assert verify(g) is g
+    assert verify_graph(g) is g
 
 
 def test_valid_built_graphs_pass():
@@ -73,7 +73,7 @@ def test_valid_built_graphs_pass():
     codes, scale = b.op("dynamic_quantize", f)
     back = b.op("dequantize", codes, scale)
     g = b.build([cat, back])
-    assert verify(g) is g
+    assert verify_graph(g) is g
 
 
 # -- ssa --------------------------------------------------------------------------------
@@ -312,7 +312,7 @@ def test_every_broken_rule_is_reported_with_the_pass_name():
     f = _val("f", (4,), DType.FLOAT32, QuantSpec.per_tensor(1.0))  # integers-are-quantized
     ghost = _val("ghost", (4,), DType.FLOAT32)                     # ssa
     with pytest.raises(VerificationError) as e:
-        verify(Graph((x, f), (), (ghost,), name="g1"), after="fold_constants")
+        verify_graph(Graph((x, f), (), (ghost,), name="g1"), after="fold_constants")
     msg = str(e.value)
     assert msg.startswith("graph 'g1' is invalid after fold_constants:")
     assert msg.count("[integers-are-quantized]") == 2 and msg.count("[ssa]") == 1

@@ -22,7 +22,7 @@ import pytest
 
 from qlower.backends.cpu import prepare
 from qlower.errors import ExecutionError
-from qlower.ir import DType, Graph, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, Graph, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import KERNELS, run_graph
 from qlower.reference.aten_fallback import Operand, encode_call
 from qlower.testing.cpu_checks import CONFIGS, assert_cpu_matches_reference
@@ -304,7 +304,7 @@ ROWS: list[tuple[str, str, Build]] = [
 
 def _graph(build: Build) -> Graph:
     b = GraphBuilder("conformance")
-    return verify(b.build(build(b)))
+    return verify_graph(b.build(build(b)))
 
 
 def test_every_reference_kernel_has_a_row_that_reaches_it():

@@ -15,7 +15,7 @@ from ai_edge_litert.interpreter import Interpreter, OpResolverType
 from qlower.backends.litert.export import export_tflite, unsupported_reason
 from qlower.backends.litert.verify import builtin_counts
 from qlower.errors import UnsupportedOpError
-from qlower.ir import DType, GraphBuilder, Origin, QuantSpec, TensorType, rebuild, requant, verify
+from qlower.ir import DType, GraphBuilder, Origin, QuantSpec, TensorType, rebuild, requant, verify_graph
 from qlower.reference import run_graph
 
 RNG_SEED = 20261123
@@ -78,7 +78,7 @@ def test_fused_gemms_and_activations_match_the_reference():
     a3 = b.op("reshape", mp, shape=(1, 9, 8))
     mm = b.op("matmul", a3, b.op("transpose", a3, perm=(0, 2, 1)))
     mm8 = b.op("rescale", mm, out=QuantSpec.per_tensor(f32(2.5)[0], -4), rounding="double")
-    g = verify(b.build([fc, mp, mm8]))
+    g = verify_graph(b.build([fc, mp, mm8]))
     assert_exact(g, [rng.integers(-128, 128, (1, 6, 6, 4)).astype(np.int8)])
     assert export_tflite(g).count(b"CONV") == 0   # names aren't stored: the fused kernels are counted below
     ops = builtin_counts(export_tflite(g))
@@ -94,7 +94,7 @@ def test_a_gemm_whose_scales_give_another_multiplier_is_refused_not_approximated
     wq = QuantSpec.per_tensor(1 / 7, 0)
     c = b.op("conv2d", x, b.constant(np.ones((3, 1, 1, 2), np.int8), wq), None, name="conv",
              origin=Origin("conv", "features.0", "model.py:12"))
-    g = verify(b.build([b.op("rescale", c, out=QuantSpec.per_tensor(1 / 11, 0))]))
+    g = verify_graph(b.build([b.op("rescale", c, out=QuantSpec.per_tensor(1 / 11, 0))]))
     with pytest.raises(UnsupportedOpError, match=r"conv2d producing %conv at .*model.py:12.*multiplier"):
         export_tflite(g)
 
@@ -120,7 +120,7 @@ def test_rescale_forms_are_exact(ratio, in_dtype, out_dtype):
     data.flat[:4] = [np.iinfo(in_dtype.numpy).min, np.iinfo(in_dtype.numpy).max, 0, zp_in]
     if in_dtype is I32:
         data.flat[:2] = [-(2**20), 2**20]
-    assert_exact(verify(b.build([y])), [data])
+    assert_exact(verify_graph(b.build([y])), [data])
 
 
 def test_per_channel_rescale_and_narrow_output_range_are_exact():
@@ -130,7 +130,7 @@ def test_per_channel_rescale_and_narrow_output_range_are_exact():
     x = b.input("acc", TensorType((1, 4, 4, 16), I32, QuantSpec.per_channel(scales, axis=3, dtype=I32)))
     y = b.op("rescale", x, out=QuantSpec.per_tensor(0.02, -7, qmin=-100, qmax=90))
     data = rng.integers(-(2**22), 2**22, (1, 4, 4, 16)).astype(np.int32)
-    assert_exact(verify(b.build([y])), [data])
+    assert_exact(verify_graph(b.build([y])), [data])
 
 
 def test_quantize_rounds_half_to_even_like_the_reference():
@@ -141,7 +141,7 @@ def test_quantize_rounds_half_to_even_like_the_reference():
     # ties at every half step, values beyond the range, -0.0, tiny values
     data = (np.arange(32, dtype=np.float32).reshape(1, 2, 2, 8) - 16.0) * np.float32(0.25)
     data.flat[:5] = [1e6, -1e6, -0.0, 1e-30, 63.75]
-    assert_exact(verify(b.build([q, qc])), [data])
+    assert_exact(verify_graph(b.build([q, qc])), [data])
 
 
 def test_int32_arithmetic_tables_and_casts_are_exact():
@@ -164,7 +164,7 @@ def test_int32_arithmetic_tables_and_casts_are_exact():
                 out=QuantSpec.per_tensor(1.0, 0))
     narrow = b.op("cast", cl, dtype=DType.INT8, out=QuantSpec.per_tensor(1.0, 0))
     rs = b.op("reduce_sum", prod, axis=2)
-    g = verify(b.build([mul, prod, div, cl, lut, back, narrow, rs]))
+    g = verify_graph(b.build([mul, prod, div, cl, lut, back, narrow, rs]))
     assert_exact(g, [da, dc, d8])
 
 
@@ -187,13 +187,13 @@ def test_movement_comparisons_and_reductions_are_exact():
     gt, ge, eq = (b.op(kind, x, y) for kind in ("greater", "greater_equal", "equal"))
     logic = b.op("logical_xor", b.op("logical_or", b.op("logical_and", gt, ge), eq), b.op("logical_not", gt))
     pick = b.op("select", logic, b.op("minimum", x, y), b.op("maximum", x, y))
-    g = verify(b.build([r, mp, rmax, rmin, am, an, pick]))
+    g = verify_graph(b.build([r, mp, rmax, rmin, am, an, pick]))
     dy[0, 0, 0] = dx[0, 0, 0]   # ties for equal and the arg reductions
     assert_exact(g, [dx, dy])
 
 
 def test_export_is_deterministic():
-    g = verify(_small_conv())
+    g = verify_graph(_small_conv())
     assert export_tflite(g) == export_tflite(g)
 
 
@@ -207,7 +207,7 @@ def test_integer_average_pooling_is_exact(kernel, stride, pad, shape):
     b = GraphBuilder("avg")
     x, data = int_input(rng, b, "x", shape, quant=QuantSpec.per_tensor(0.1, -7))
     y = b.op("avg_pool2d", x, kernel=kernel, stride=stride, pad=pad)
-    assert_exact(verify(b.build([y])), [data])
+    assert_exact(verify_graph(b.build([y])), [data])
 
 
 def test_an_op_without_tflite_form_is_named_with_its_source_line():
@@ -215,14 +215,14 @@ def test_an_op_without_tflite_form_is_named_with_its_source_line():
     x = b.input("x", TensorType((1, 4, 4, 2), DType.FLOAT32))
     y = b.op("avg_pool2d", x, kernel=(2, 2), stride=(2, 2), name="avg",
              origin=Origin("avg", "pool", "model.py:7"))
-    g = verify(b.build([y]))
+    g = verify_graph(b.build([y]))
     with pytest.raises(UnsupportedOpError, match=r"avg_pool2d producing %avg at .*model.py:7.*TFLite.*order"):
         export_tflite(g)
     assert "avg_pool2d" in unsupported_reason(g.ops[0]) or "order" in unsupported_reason(g.ops[0])
     b2 = GraphBuilder("soft")
     f = b2.input("f", TensorType((2, 5), DType.FLOAT32))
     s = b2.op("softmax", f, axis=1)
-    assert "softmax" in unsupported_reason(verify(b2.build([s])).ops[0])
+    assert "softmax" in unsupported_reason(verify_graph(b2.build([s])).ops[0])
 
 
 def _small_conv():
@@ -273,11 +273,11 @@ def test_the_optimized_kernels_rounding_is_an_ir_rounding_every_host_backend_run
     x = b.input("acc", TensorType((1, 16, 16, 16), I32, QuantSpec.per_channel(np.geomspace(1e-5, 1e-3, 16), axis=3,
                                                                                dtype=I32)))
     y = b.op("rescale", x, out=QuantSpec.per_tensor(0.1, 3), rounding="double_half_up")
-    g = verify(b.build([y]))
+    g = verify_graph(b.build([y]))
     data = rng.integers(-(2**14), 2**14, (1, 16, 16, 16)).astype(np.int32)
     want = run_graph(g, [data])[0]
     np.testing.assert_array_equal(lower_graph(g, "cpu").run(data)[0], want)
-    single = run_graph(verify(rebuild(g, lambda b, op, o: (b.op("rescale", *o, out=op.attrs["out"]),))), [data])[0]
+    single = run_graph(verify_graph(rebuild(g, lambda b, op, o: (b.op("rescale", *o, out=op.attrs["out"]),))), [data])[0]
     assert np.any(single != want), "the data must tell the roundings apart"
     assert "double_half_up" in check(g.ops[0], PROFILES["tosa-1.0+int"])
 
@@ -291,9 +291,9 @@ def test_double_rounding_rescale_is_exact(in_dtype):
                         QuantSpec.per_tensor(0.005, 0 if wide else 4, in_dtype),   # shift 32: DOUBLE_ROUND acts
                         low=-400 if wide else None, high=400 if wide else None)
     y = b.op("rescale", x, out=QuantSpec.per_tensor(0.0173, -3), rounding="double")
-    g = verify(b.build([y]))
+    g = verify_graph(b.build([y]))
     assert_exact(g, [data])
-    single = run_graph(verify(rebuild(g, lambda b, op, o: (b.op("rescale", *o, out=op.attrs["out"]),))), [data])[0]
+    single = run_graph(verify_graph(rebuild(g, lambda b, op, o: (b.op("rescale", *o, out=op.attrs["out"]),))), [data])[0]
     assert not wide or np.any(single != run_graph(g, [data])[0]), "the data must tell the roundings apart"
 
 
@@ -317,7 +317,7 @@ def test_each_kernel_family_is_exact_with_its_rounding_only(kernels, resolver):
                              None), out=QuantSpec.per_tensor(f32(0.09)[0], 2))
     a = b.op("reshape", f, shape=(24, 24, 24))
     m = b.op("rescale", b.op("matmul", a, a), out=QuantSpec.per_tensor(f32(1.7)[0], 0))
-    g = verify(b.build([y, f, m]))
+    g = verify_graph(b.build([y, f, m]))
     data = rng.integers(-128, 128, (1, 24, 24, 16)).astype(np.int8)
     mine = with_kernel_rounding(g, kernels)
     got = run_litert(export_tflite(mine), [data], resolver)
@@ -347,7 +347,7 @@ def test_padding_that_is_tflite_same_is_written_as_same_and_stays_exact():
     s2 = b.op("conv2d", mp, b.constant(rng.integers(-127, 128, (4, 3, 3, 4)).astype(np.int8), wq), None,
               stride=(2, 2), pad=(1, 1, 1, 1))
     out = b.op("rescale", s2, out=QuantSpec.per_tensor(f32(0.3)[0], 0), rounding="double")
-    g = verify(b.build([mp, out]))
+    g = verify_graph(b.build([mp, out]))
     model = export_tflite(g)
     assert builtin_counts(model)["PADV2"] == 1   # only the stride-2 conv's
     assert_exact(g, [rng.integers(-128, 128, (1, 8, 8, 4)).astype(np.int8)])
@@ -364,7 +364,7 @@ def test_a_rescale_of_a_proven_narrow_int32_range_is_one_table_lookup():
     s = b.op("reduce_sum", b.op("reduce_sum", wide, axis=1), axis=2)
     mean = b.op("mul", s, b.constant(np.ones((1, 1, 1, 1), np.int32), QuantSpec.per_tensor(1 / 49, 0, I32)))
     y = b.op("rescale", mean, out=QuantSpec.per_tensor(f32(0.03)[0], 2))
-    g = verify(b.build([y]))
+    g = verify_graph(b.build([y]))
     model = export_tflite(g)
     counts = builtin_counts(model)
     assert "FLOOR_MOD" not in counts and counts["GATHER"] == 2

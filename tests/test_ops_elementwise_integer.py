@@ -20,7 +20,7 @@ from torch import nn
 
 import qlower
 from qlower.api import lower_graph
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 
 SEED = 7
@@ -270,7 +270,7 @@ def test_one_domain_ir_ops_on_every_code(dtype):
     gt, ge, eq = (b.op(k, x, y) for k in ("greater", "greater_equal", "equal"))
     mixed = b.op("logical_or", b.op("logical_and", gt, b.op("logical_not", eq)), b.op("logical_xor", ge, eq))
     picked = b.op("select", mixed, lo, hi)
-    graph = verify(b.build([lo, hi, picked]))
+    graph = verify_graph(b.build([lo, hi, picked]))
     info = np.iinfo(dtype.numpy)
     xs = rng.integers(info.min, info.max + 1, (2, 3, 5)).astype(dtype.numpy)
     ys = rng.integers(info.min, info.max + 1, (1, 3, 5)).astype(dtype.numpy)

@@ -15,7 +15,7 @@ from torch import nn
 
 import qlower
 from qlower.api import lower_graph
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 from qlower.testing.frontend import (
     FLOAT_BOUNDARY,
@@ -235,7 +235,7 @@ def test_order_reductions_over_the_whole_code_range(kind, dtype):
     data[1, :, 2] = info.max
     b = GraphBuilder()
     x = b.input("x", TensorType(shape, dtype, QuantSpec.per_tensor(0.1, 3, dtype)))
-    graph = verify(b.build([b.op(kind, x, axis=axis) for axis in range(3)]))
+    graph = verify_graph(b.build([b.op(kind, x, axis=axis) for axis in range(3)]))
     want = run_graph(graph, [data.astype(dtype.numpy)])
     expect = {"reduce_max": np.max, "reduce_min": np.min, "argmax": np.argmax, "argmin": np.argmin}[kind]
     for axis in range(3):

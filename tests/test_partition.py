@@ -9,7 +9,7 @@ import pytest
 
 from qlower.contract import Backend, Payload, Verdict
 from qlower.errors import ExecutionError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.partition import partition
 from qlower.reference import run_graph
 from qlower.runtime.runner import Runner
@@ -73,7 +73,7 @@ def _chain_graph():
              out=QuantSpec.per_tensor(0.1, 0), name="t")
     c = b.op("concat", (a, t), axis=3, name="c")
     d = b.op("rescale", c, out=QuantSpec.per_tensor(0.2, -5), name="d")
-    return verify(b.build([d]))
+    return verify_graph(b.build([d]))
 
 
 def _inputs(seed=0):
@@ -84,7 +84,7 @@ def test_no_cycle_through_the_host_and_bit_exact():
     g = _chain_graph()
     backend = BoxBackend({"rescale", "concat"})
     result = partition(g, backend, "box")
-    verify(result.host)
+    verify_graph(result.host)
     # a is in one partition; c and d can't join it (they depend on a through the host's table)
     assert len(result.partitions) == 2
     assert [p.values for p in result.partitions] == [("a",), ("c", "d")]
@@ -129,7 +129,7 @@ def test_constants_are_copied_into_each_partition_that_reads_them():
     w = b.op("table", z, table=np.arange(-128, 128, dtype=np.int8), offset=128, out=Q, name="w")
     r = b.op("rescale", w, out=QuantSpec.per_tensor(0.01, 0, DType.INT32), name="r")
     s = b.op("sub", r, k, name="s")
-    g = verify(b.build([s]))
+    g = verify_graph(b.build([s]))
     backend = BoxBackend({"add", "sub", "rescale"})
     result = partition(g, backend, "box")
     assert len(result.partitions) == 2
@@ -154,7 +154,7 @@ def test_a_model_folded_to_a_constant_is_emitted_by_the_backend():
     codes = np.array([[-102, -51, 0, 51, 102]], np.int8)
     k = b.constant(codes, QuantSpec.per_tensor(1 / 127, 0, qmin=-127, qmax=127), name="k")
     out = b.op("dequantize", k, None, name="out")
-    g = verify(b.build([out]))
+    g = verify_graph(b.build([out]))
     backend = BoxBackend({"constant"})
     result = partition(g, backend, "box")
     assert len(result.partitions) == 1
@@ -185,7 +185,7 @@ def test_ops_reading_only_host_values_share_one_partition():
     x = b.op("table", b.input("x", I8), table=np.arange(-128, 128, dtype=np.int8), offset=128, out=Q, name="host")
     qkv = [b.op("rescale", x, out=QuantSpec.per_tensor(0.1, -3), rounding=r, name=f"r{i}")
            for i, r in enumerate(("single", "double", "single"))]
-    g = verify(b.build([b.op("concat", tuple(qkv), axis=3, name="cat")]))
+    g = verify_graph(b.build([b.op("concat", tuple(qkv), axis=3, name="cat")]))
     backend = BoxBackend({"rescale", "concat"})
     result = partition(g, backend, "box")
     assert [p.values for p in result.partitions] == [("r0", "r1", "r2", "cat")]

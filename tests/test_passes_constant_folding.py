@@ -195,12 +195,12 @@ def test_an_op_that_fails_on_its_constants_is_left_in_place():
 def test_dequantize_of_a_constant_is_kept_so_codes_reach_integer_backends():
     import numpy as np
 
-    from qlower.ir import GraphBuilder, QuantSpec, verify
+    from qlower.ir import GraphBuilder, QuantSpec, verify_graph
     from qlower.passes.constant_folding import fold_constants
 
     b = GraphBuilder()
     k = b.constant(np.array([[-102, 0, 102]], np.int8), QuantSpec.per_tensor(1 / 127, 0, qmin=-127, qmax=127), name="k")
     out = b.op("dequantize", k, None, name="out")
-    g = verify(b.build([out]))
+    g = verify_graph(b.build([out]))
     result = fold_constants(g)
     assert [op.kind for op in result.graph.ops] == ["constant", "dequantize"]

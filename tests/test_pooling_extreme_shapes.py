@@ -14,7 +14,7 @@ import pytest
 
 from qlower.backends.cpu import prepare
 from qlower.errors import ExecutionError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, requant, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, requant, verify_graph
 from qlower.reference import run_graph
 
 I8, I16, I32, F32 = DType.INT8, DType.INT16, DType.INT32, DType.FLOAT32
@@ -38,7 +38,7 @@ CASE_IDS = [f"{'x'.join(map(str, s))}-k{k[0]}x{k[1]}-s{st[0]}x{st[1]}-p{''.join(
 
 def _graph(kind, t, **attrs):
     b = GraphBuilder(kind)
-    return verify(b.build([b.op(kind, b.input("x", t), **attrs)]))
+    return verify_graph(b.build([b.op(kind, b.input("x", t), **attrs)]))
 
 
 def _type(shape, dtype, zp=0):

@@ -20,7 +20,7 @@ import safetensors.numpy
 from qlower.backends import registry
 from qlower.contract import Payload
 from qlower.errors import InputError, InvalidProgramError, VerificationError
-from qlower.ir import OPS, Graph, GraphBuilder, Op, QuantSpec, Value, print_graph, verify
+from qlower.ir import OPS, Graph, GraphBuilder, Op, QuantSpec, Value, print_graph, verify_graph
 from qlower.partition import Partition
 from qlower.program import Program
 from qlower.program.fileformat import FORMAT_VERSION, inspect_program, load, program_from_bytes
@@ -119,7 +119,7 @@ def test_special_floats_and_list_attributes_round_trip_bit_for_bit():
     x = b.input("x", PROGRAMS["dynamic"].graph.inputs[0].type)
     y = b.op("reshape", x, shape=[3, 4], name="listed")  # a list attribute stays a list
     z = b.op("clamp", y, min=float("nan"), max=1.0)
-    g = verify(b.build([z]))
+    g = verify_graph(b.build([z]))
     h = program_from_bytes(_bytes(Program("reference", g, g))).graph
     assert h.ops[0].attrs["shape"] == [3, 4] and type(h.ops[0].attrs["shape"]) is list
     assert math.isnan(h.ops[1].attrs["min"])
@@ -132,7 +132,7 @@ def test_values_are_referenced_by_position_so_names_need_not_be_unique():
     z = b.op("rescale", y, out=QuantSpec.per_tensor(0.25, 0), name="z")
     first, second = b.build([z]).ops
     twin = Value("v", z.type)  # a hand-built graph may reuse a name: the verifier allows it
-    g = verify(Graph((x,), (first, Op(second.kind, (y,), second.attrs, (twin,))), (twin, x)))
+    g = verify_graph(Graph((x,), (first, Op(second.kind, (y,), second.attrs, (twin,))), (twin, x)))
     h = program_from_bytes(_bytes(Program("reference", g, g))).graph
     assert_same_graph(g, h)
     assert h.outputs[0] is h.ops[1].results[0] and h.outputs[1] is h.inputs[0]

@@ -17,7 +17,7 @@ import safetensors.numpy
 
 import qlower
 from qlower.errors import InvalidProgramError, QlowerError, SaveError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.program import Program, fileformat
 from qlower.program.fileformat import program_from_bytes, program_to_bytes
 
@@ -28,7 +28,7 @@ def _graph():
     b = GraphBuilder()
     x = b.input("x", TensorType((1, 4, 4, 2), DType.INT8, QuantSpec.per_tensor(0.1, 1)))
     y = b.op("max_pool2d", x, kernel=(2, 2), stride=(2, 2), pad=(0, 0, 0, 0), name="y")
-    return verify(b.build([y]))
+    return verify_graph(b.build([y]))
 
 
 def _program(target="reference") -> Program:

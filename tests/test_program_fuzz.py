@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from qlower.errors import InvalidProgramError
-from qlower.ir import print_graph, verify
+from qlower.ir import print_graph, verify_graph
 from qlower.program.fileformat import program_from_bytes, program_to_bytes
 from qlower.testing.programs import sample_programs
 
@@ -58,7 +58,7 @@ def _check(data: bytes) -> None:
     event("loaded")
     graphs = [prog.graph, prog.source, *(p.subgraph for p in prog.partitions)]
     for g in graphs:
-        verify(g)
+        verify_graph(g)
     again = program_from_bytes(program_to_bytes(prog))
     assert [print_graph(g, show_types=True) for g in (again.graph, again.source)] == \
            [print_graph(g, show_types=True) for g in (prog.graph, prog.source)]

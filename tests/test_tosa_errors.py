@@ -9,7 +9,7 @@ from qlower.backends.tosa import TosaBackend, executor
 from qlower.backends.tosa.lowering import LOWERINGS
 from qlower.backends.tosa.serializer import DT, GraphWriter, attr
 from qlower.errors import CompileError, ExecutionError, InputError
-from qlower.ir import DType, GraphBuilder, Origin, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, Origin, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 
 BACKEND = TosaBackend()
@@ -24,7 +24,7 @@ def _residual_graph():
     acc = b.op("conv2d", x, w, None)
     skip = b.op("rescale", x, out=acc.quant, name="skip")
     total = b.op("add", acc, skip, name="total", origin=Origin("add", "block1", "model.py:42"))
-    return verify(b.build([b.op("rescale", total, out=QuantSpec.per_tensor(0.1, 0))]))
+    return verify_graph(b.build([b.op("rescale", total, out=QuantSpec.per_tensor(0.1, 0))]))
 
 
 def test_invalid_lowering_is_rejected_by_validation_naming_the_ir_op(monkeypatch):
@@ -52,7 +52,7 @@ def test_zero_divisor_is_an_execution_error_not_a_crash():
     b = GraphBuilder()
     a = b.input("a", TensorType((4,), DType.INT32, Q32))
     c = b.input("c", TensorType((4,), DType.INT32, Q32))
-    g = verify(b.build([b.op("intdiv", a, c)]))
+    g = verify_graph(b.build([b.op("intdiv", a, c)]))
     p = BACKEND.lower(g, INT)
     xa, ok, bad = np.array([7, -7, 9, -2**31], np.int32), np.array([2, 3, -2, 1], np.int32), np.array([2, 0, 1, 1],
                                                                                                        np.int32)
@@ -66,7 +66,7 @@ def test_zero_divisor_is_an_execution_error_not_a_crash():
 def test_rescale_input_out_of_range_for_its_shift_is_an_execution_error():
     b = GraphBuilder()
     x = b.input("x", TensorType((3,), DType.INT32, QuantSpec.per_tensor(2.0**26, 0, DType.INT32)))
-    g = verify(b.build([b.op("rescale", x, out=QuantSpec.per_tensor(0.25, 0, DType.INT32))]))
+    g = verify_graph(b.build([b.op("rescale", x, out=QuantSpec.per_tensor(0.25, 0, DType.INT32))]))
     p = BACKEND.lower(g, INT)  # ratio 2**28: multiplier 2**30, shift 2 admits inputs in [-2, 2)
     np.testing.assert_array_equal(BACKEND.execute(p, [np.array([1, -2, 0], np.int32)])[0], [2**28, -2**29, 0])
     with pytest.raises(ExecutionError, match="TOSA_UNPREDICTABLE") as e:

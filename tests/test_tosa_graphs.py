@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qlower.backends.tosa import TosaBackend
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph, run_op
 
 BACKEND = TosaBackend()
@@ -106,7 +106,7 @@ class QBuilder:
         return self.op("concat", tuple(self.op("rescale", x, out=spec) for x in xs), axis=axis)
 
     def build(self, outputs):
-        return verify(self.b.build(outputs))
+        return verify_graph(self.b.build(outputs))
 
 
 def assert_lowering_exact(graph, inputs, target=INT):

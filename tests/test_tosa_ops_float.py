@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from qlower.backends.tosa import TosaBackend
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 
 BACKEND = TosaBackend()
@@ -31,7 +31,7 @@ def rand(rng, shape, lo=-1.0, hi=1.0):
 
 
 def run_both(graph, inputs):
-    graph = verify(graph)
+    graph = verify_graph(graph)
     payload = BACKEND.lower(graph, FP)
     got = BACKEND.execute(payload, inputs)
     want = run_graph(graph, inputs)
@@ -214,7 +214,7 @@ def test_cast_int_float(src, dst):
                                      (DType.INT32, DType.INT16)], ids=lambda d: d.value)
 def test_cast_int_int_saturates_in_the_int_profile(src, dst):
     x = np.array([-1000, -129, -128, 5, 127, 128, 100000 if src is DType.INT32 else 30000, -7]).astype(src.numpy)
-    g = verify(unary(TensorType(x.shape, src, _quant(src)), "cast", dtype=dst, out=_quant(dst)))
+    g = verify_graph(unary(TensorType(x.shape, src, _quant(src)), "cast", dtype=dst, out=_quant(dst)))
     p = BACKEND.lower(g, "tosa-1.0+int")
     (y,) = BACKEND.execute(p, [x])
     np.testing.assert_array_equal(y, run_graph(g, [x])[0])

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from qlower.backends.tosa import TosaBackend
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 
 BACKEND = TosaBackend()
@@ -24,7 +24,7 @@ def codes(rng, shape, dtype=np.int8, lo=None, hi=None):
 
 def assert_exact(graph, inputs, target=INT):
     """Lower + validate + run on the TOSA reference model; compare with the reference interpreter."""
-    graph = verify(graph)
+    graph = verify_graph(graph)
     payload = BACKEND.lower(graph, target)
     got = BACKEND.execute(payload, inputs)
     want = run_graph(graph, inputs)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from qlower.backends.tosa import TosaBackend
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 
 BACKEND = TosaBackend()
@@ -22,7 +22,7 @@ def codes(rng, shape, dtype=np.int8):
 
 
 def assert_exact(graph, inputs, target=INT):
-    graph = verify(graph)
+    graph = verify_graph(graph)
     payload = BACKEND.lower(graph, target)
     got = BACKEND.execute(payload, inputs)
     want = run_graph(graph, inputs)

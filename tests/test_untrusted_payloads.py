@@ -17,7 +17,7 @@ import safetensors.numpy
 import qlower
 from qlower.backends.tosa import executor
 from qlower.errors import ExecutionError, InvalidProgramError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.program import Program
 from qlower.program.fileformat import program_from_bytes, program_to_bytes
 from qlower.reference import run_graph
@@ -33,7 +33,7 @@ def _graph():
     w = b.constant(np.arange(-32, 32, dtype=np.int8).reshape(4, 2, 2, 4), QuantSpec.per_tensor(0.02))
     acc = b.op("conv2d", x, w, None, name="acc")
     y = b.op("rescale", acc, out=QuantSpec.per_tensor(0.1, -2), name="y")
-    return verify(b.build([b.op("max_pool2d", y, kernel=(2, 2), stride=(1, 1), pad=(0, 0, 0, 0), name="pooled")]))
+    return verify_graph(b.build([b.op("max_pool2d", y, kernel=(2, 2), stride=(1, 1), pad=(0, 0, 0, 0), name="pooled")]))
 
 
 def _program(target: str) -> Program:
@@ -179,7 +179,7 @@ def _hostile_pad_program() -> Program:
     """828 bytes or so of file that would allocate 2 GiB when run."""
     b = GraphBuilder()
     x = b.input("x", TensorType((1, 1, 1, 1), DType.INT8, Q))
-    g = verify(b.build([b.op("pad", x, pads=(0, 0, 0, 1 << 15, 0, 1 << 16, 0, 0), value=3, name="huge")]))
+    g = verify_graph(b.build([b.op("pad", x, pads=(0, 0, 0, 1 << 15, 0, 1 << 16, 0, 0), value=3, name="huge")]))
     return Program("reference", g, g)
 
 

@@ -16,7 +16,7 @@ from qlower.backends.vgf import backend as vgf_backend
 from qlower.backends.vgf import runner as vgf_runner
 from qlower.backends.vgf.runner import VulkanUnavailable
 from qlower.errors import CompileError, ExecutionError, InputError, UnsupportedOpError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.partition import partition
 from qlower.reference import run_graph
 from qlower.runtime.runner import Runner
@@ -120,7 +120,7 @@ def test_targets_are_registered():
 def test_runs_on_vulkan_bit_exact(name, vulkan):
     rng = np.random.default_rng(sorted(GRAPHS).index(name))
     g, xs = GRAPHS[name](rng)
-    g = verify(g)
+    g = verify_graph(g)
     be = VgfBackend()
     p = be.lower(g, "vgf+int")
     assert p.meta["execution"].startswith("vulkan:") and vulkan in p.meta["execution"]
@@ -136,7 +136,7 @@ def test_float_ops_in_the_vgf_target(vulkan):
     b = GraphBuilder("fp")
     x = b.input("x", act((1, 4, 4, 8), 0.05, 3))
     s = b.op("sigmoid", b.op("dequantize", x, None))
-    g = verify(b.build([b.op("quantize", s, out=QuantSpec.per_tensor(1 / 256, -128)), s]))
+    g = verify_graph(b.build([b.op("quantize", s, out=QuantSpec.per_tensor(1 / 256, -128)), s]))
     be = VgfBackend()
     with pytest.raises(UnsupportedOpError, match="float op"):  # float ops are not TOSA-1.0+INT
         be.lower(g, "vgf+int")
@@ -152,7 +152,7 @@ def test_outputs_that_share_a_tensor(vulkan):
     b = GraphBuilder("aliases")
     x = b.input("x", act((2, 3)))
     y = b.op("clamp", x, min=0, max=5)
-    g = verify(b.build([x, y, y]))
+    g = verify_graph(b.build([x, y, y]))
     xs = [np.arange(-3, 3, dtype=np.int8).reshape(2, 3)]
     be = VgfBackend()
     got = be.execute(be.lower(g, "vgf+int"), xs)
@@ -171,7 +171,7 @@ def test_partitioned_program_around_a_host_op(vulkan):
     q = b.op("quantize", s, out=QuantSpec.per_tensor(1 / 256, -128))
     c2 = b.op("rescale", b.op("conv2d", q, b.constant(codes(rng, (4, 1, 1, 8), lo=-127), wq), None),
               out=QuantSpec.per_tensor(0.02, 5))
-    g = verify(b.build([c2]))
+    g = verify_graph(b.build([c2]))
     be = VgfBackend()
     res = partition(g, be, "vgf+int")
     assert len(res.partitions) == 2
@@ -188,7 +188,7 @@ def test_simulated_payload_says_so_and_is_exact():
     rng = np.random.default_rng(8)
     g, xs = int32_arithmetic(rng)
     be = VgfBackend("simulate")
-    p = be.lower(verify(g), "vgf+int")
+    p = be.lower(verify_graph(g), "vgf+int")
     assert p.meta["execution"] == ("simulated: TOSA reference model (reason: VGF execution mode 'simulate' "
                                    "was requested)")
     assert set(p.blobs) == {"graph.tosa", "model.vgf"}
@@ -200,17 +200,17 @@ def test_auto_falls_back_with_the_exact_reason(monkeypatch):
     monkeypatch.setattr(vgf_backend, "vulkan_status", lambda: (False, reason))
     rng = np.random.default_rng(9)
     g, xs = int32_arithmetic(rng)
-    p = VgfBackend("auto").lower(verify(g), "vgf+int")
+    p = VgfBackend("auto").lower(verify_graph(g), "vgf+int")
     assert p.meta["execution"] == f"simulated: TOSA reference model (reason: {reason})"
     assert_exact(VgfBackend().execute(p, xs), run_graph(g, xs))
     with pytest.raises(CompileError, match="mode 'vulkan' was requested.*ErrorFeatureNotPresent"):
-        VgfBackend("vulkan").lower(verify(g), "vgf+int")
+        VgfBackend("vulkan").lower(verify_graph(g), "vgf+int")
 
 
 def test_vulkan_payload_never_falls_back_silently(monkeypatch, vulkan):
     rng = np.random.default_rng(10)
     g, xs = int32_arithmetic(rng)
-    p = VgfBackend().lower(verify(g), "vgf+int")
+    p = VgfBackend().lower(verify_graph(g), "vgf+int")
 
     def missing():
         raise VulkanUnavailable("the ML SDK scenario runner (scenario-runner) is not installed")
@@ -231,7 +231,7 @@ def test_io_description_is_checked_before_running(vulkan):
 
     b = GraphBuilder("c")
     x = b.input("x", act((2, 3)))
-    g = verify(b.build([b.op("clamp", x, min=0, max=5)]))
+    g = verify_graph(b.build([b.op("clamp", x, min=0, max=5)]))
     p = VgfBackend().lower(g, "vgf+int")
     broken = dataclasses.replace(p, meta={**p.meta, "io": [{"kind": "input", "binding": "0"}, p.meta["io"][1]]})
     with pytest.raises(ExecutionError, match="IO description does not list 1 input\\(s\\) and 1 output"):
@@ -248,7 +248,7 @@ def test_traced_intermediates_match_the_reference(mode, vulkan):
     TOSA reference model when simulated) and equals the reference interpreter's value."""
     rng = np.random.default_rng(11)
     g, xs = conv_chain(rng)
-    g = verify(g)
+    g = verify_graph(g)
     be = VgfBackend(mode)
     p = be.lower(g, "vgf+int", trace=True)
     assert {"trace.tosa", "trace.vgf"} <= set(p.blobs)
@@ -272,7 +272,7 @@ def test_traced_intermediates_match_the_reference(mode, vulkan):
 def test_wrong_inputs_are_input_errors_naming_the_partition(vulkan):
     g, xs = int32_arithmetic(np.random.default_rng(9))
     be = VgfBackend("vulkan")
-    p = be.lower(verify(g), "vgf+int")
+    p = be.lower(verify_graph(g), "vgf+int")
     bad_shape = np.zeros(tuple(d + 1 for d in xs[0].shape), xs[0].dtype)
     with pytest.raises(InputError, match=re.escape(f"input 0 of the VGF partition has shape {bad_shape.shape}")):
         be.execute(p, [bad_shape, *xs[1:]])

@@ -15,7 +15,7 @@ from qlower.backends.vgf import converter
 from qlower.backends.vgf.container import read_vgf
 from qlower.backends.vgf.converter import tosa_to_vgf
 from qlower.errors import CompileError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 
 # VkFormat enum values from the Vulkan specification, per IR dtype
 VK_FORMAT = {DType.INT8: 14, DType.INT16: 75, DType.INT32: 99, DType.FLOAT32: 100}
@@ -35,7 +35,7 @@ def conv_graph():
     w = b.constant(rng.integers(-127, 128, (8, 3, 3, 4)).astype(np.int8), wq)
     bias = b.constant(rng.integers(-3000, 3000, 8).astype(np.int32), QuantSpec.accumulator(x.quant, wq, axis=0))
     acc = b.op("conv2d", x, w, bias, pad=(1, 1, 1, 1))
-    return verify(b.build([b.op("rescale", acc, out=q8(0.1, -2))]))
+    return verify_graph(b.build([b.op("rescale", acc, out=q8(0.1, -2))]))
 
 
 def mixed_io_graph():
@@ -46,7 +46,7 @@ def mixed_io_graph():
     acc = b.op("rescale", x, out=QuantSpec.per_tensor(0.05 / 256, 0, DType.INT32))
     y8 = b.op("rescale", y, out=q8(0.02, 1))
     x16 = b.op("rescale", x, out=QuantSpec.per_tensor(0.001, 0, DType.INT16))
-    return verify(b.build([acc, y8, x16]))
+    return verify_graph(b.build([acc, y8, x16]))
 
 
 def to_vgf(graph, profile="tosa-1.0+int") -> bytes:
@@ -111,7 +111,7 @@ def test_float_graph_in_the_int_fp_profile():
     b = GraphBuilder("fp")
     x = b.input("x", TensorType((1, 4, 4, 8), DType.INT8, q8(0.05, 3)))
     s = b.op("sigmoid", b.op("dequantize", x, None))
-    g = verify(b.build([s, b.op("quantize", s, out=QuantSpec.per_tensor(1 / 256, -128))]))
+    g = verify_graph(b.build([s, b.op("quantize", s, out=QuantSpec.per_tensor(1 / 256, -128))]))
     assert decode_io(to_vgf(g, "tosa-1.0+int+fp")) == expected_io(g)
 
 

@@ -14,7 +14,7 @@ from qlower.backends.vgf.container import read_vgf
 from qlower.backends.vgf.converter import tosa_to_vgf
 from qlower.backends.vgf.runner import TensorSpec, VulkanUnavailable, run_vgf
 from qlower.errors import ExecutionError
-from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 
 
 def test_layer_path_stacks_the_graph_layer_above_the_tensor_layer():
@@ -53,7 +53,7 @@ def clamp_vgf():
 
     b = GraphBuilder("clamp")
     x = b.input("x", TensorType((3, 4), DType.INT8, QuantSpec.per_tensor(0.1, 0)))
-    g = verify(b.build([b.op("clamp", x, min=-2, max=6)]))
+    g = verify_graph(b.build([b.op("clamp", x, min=-2, max=6)]))
     data = tosa_to_vgf(TosaBackend().lower(g, "tosa-1.0+int").blobs["graph.tosa"]).vgf
     model = read_vgf(data)
     specs = [TensorSpec(t.binding, t.shape, t.vk_format, np.dtype(t.dtype.numpy)) for t in model.inputs + model.outputs]

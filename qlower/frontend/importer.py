@@ -31,7 +31,7 @@ from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.decompose import KEEP_META, decomposition
 from qlower.frontend.fallback import can_fall_back, import_fallback, ir_type, plain_integer_constant
 from qlower.frontend.rules import load_all, rule_for
-from qlower.ir import DType, Graph, TensorType, Value, verify
+from qlower.ir import DType, Graph, TensorType, Value, verify_graph
 
 # creation ops are folded; anything random is not a constant
 _NOT_FOLDABLE = {torch.ops.aten.rand, torch.ops.aten.randn, torch.ops.aten.randint, torch.ops.aten.dropout,
@@ -235,7 +235,7 @@ def import_graph(gm: GraphModule, name: str = "main", fallback: str = "float") -
             outputs = _outputs(ctx, node)
         else:
             raise ctx.unsupported(f"fx node kind '{node.op}' is not supported", node)
-    graph = verify(ctx.b.build(outputs), after="import")
+    graph = verify_graph(ctx.b.build(outputs), after="import")
     defined = set(graph.values())
     node_values = {}
     for node, entry in ctx.env.items():

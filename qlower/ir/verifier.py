@@ -1,6 +1,6 @@
 """The verifier: DESIGN.md's rules that can be checked on a graph, as a table.
 
-Each rule is one function that yields messages; ``verify`` runs them all and
+Each rule is one function that yields messages; ``verify_graph`` runs them all and
 raises one VerificationError listing every broken rule. Type-derivation rules
 (accumulator scales, shapes, broadcasting, optional operands, concat domains)
 are checked by re-inferring every op's result types from the registry, so the
@@ -141,7 +141,7 @@ def _types_match(graph: Graph) -> Iterator[str]:
                 yield f"{op.kind} result {_where(r)} has type {r.type}, the registry infers {t}"
 
 
-def verify(graph: Graph, after: str | None = None) -> Graph:
+def verify_graph(graph: Graph, after: str | None = None) -> Graph:
     """Raise VerificationError naming every broken rule; return the graph when it is valid."""
     problems = [f"[{name}] {msg}" for name, fn in RULES.items() for msg in fn(graph)]
     if problems:

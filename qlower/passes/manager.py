@@ -6,7 +6,7 @@ graph (or the same graph object when they changed nothing).
 
 Guarantees of ``PassManager``:
 
-* With ``verify=True`` the verifier (``qlower.ir.verify``) runs on the input
+* With ``verify=True`` the verifier (``qlower.ir.verify_graph``) runs on the input
   graph and after every pass, and the graph's signature (its input and output
   types) must be unchanged. A failure is a ``VerificationError`` that names the
   pass that broke the graph and every pass that ran before it.
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from qlower.errors import VerificationError
-from qlower.ir import Graph, verify
+from qlower.ir import Graph, verify_graph
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ class PassManager:
     @staticmethod
     def _check(graph: Graph, signature: tuple[tuple, tuple], after: str) -> None:
         try:
-            verify(graph)
+            verify_graph(graph)
         except VerificationError as e:
             raise VerificationError(f"graph '{graph.name}' is invalid after {after}.\n{e}") from None
         if _signature(graph) != signature:

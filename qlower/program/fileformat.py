@@ -50,7 +50,7 @@ import safetensors.numpy
 
 from qlower.contract import Backend, Payload
 from qlower.errors import InvalidProgramError, SaveError
-from qlower.ir import Graph, verify
+from qlower.ir import Graph, verify_graph
 from qlower.partition import HostDecision, Partition
 from qlower.program.irjson import TensorReader, TensorWriter, dec_type, decode_graph, enc_type, encode_graph
 from qlower.program.jsonchecks import as_int, as_list, as_obj, as_str, fail
@@ -126,7 +126,7 @@ def program_to_bytes(program: Program) -> bytes:
     program is refused here rather than written and refused at load."""
     graphs: list[Graph] = [program.graph, program.source, *(p.subgraph for p in program.partitions)]
     for g in graphs:
-        verify(g, after="compiling (refusing to save an invalid program)")
+        verify_graph(g, after="compiling (refusing to save an invalid program)")
     tensors = TensorWriter()
     op_index = {op: i for i, op in enumerate(program.source.ops)}
     decisions = []

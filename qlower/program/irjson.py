@@ -15,7 +15,7 @@ Decoding trusts nothing. Every field is type-checked; a value reference must
 point at a value defined before it; attribute types are checked against
 ``ATTR_CHECKS``; each op's result types are re-inferred from the op registry
 (what ``GraphBuilder`` does: ``normalize_attrs`` then ``infer_types``) and must
-equal the stored ones; the rebuilt graph must pass ``qlower.ir.verify``. The op
+equal the stored ones; the rebuilt graph must pass ``qlower.ir.verify_graph``. The op
 is constructed directly rather than through ``GraphBuilder.op`` only because the
 builder's ``fresh_name`` may rename a value, and names must round-trip exactly.
 Any problem is an InvalidProgramError that says where it is.
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from qlower.errors import InvalidProgramError, IRError, VerificationError
-from qlower.ir import OPS, DType, Graph, Op, Origin, QuantSpec, TensorType, Value, verify
+from qlower.ir import OPS, DType, Graph, Op, Origin, QuantSpec, TensorType, Value, verify_graph
 from qlower.ir.opdefs import infer_types, normalize_attrs
 from qlower.program.jsonchecks import (
     INT64_MAX,
@@ -358,7 +358,7 @@ def decode_graph(x: Any, tensors: TensorReader, where: str) -> Graph:
     outputs = tuple(_ref(o, values, f"{where} output #{i}") for i, o in enumerate(as_list(d["outputs"], where)))
     graph = Graph(inputs, tuple(ops), outputs, as_str(d["name"], f"{where} name"))
     try:
-        verify(graph)
+        verify_graph(graph)
     except VerificationError as e:
         raise fail(where, f"fails verification: {e}") from None
     except Exception as e:  # noqa: BLE001 - the verifier's rules assume sane values

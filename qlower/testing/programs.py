@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from qlower.contract import Backend, Payload, Verdict
-from qlower.ir import DType, Graph, GraphBuilder, Origin, QuantSpec, TensorType, verify
+from qlower.ir import DType, Graph, GraphBuilder, Origin, QuantSpec, TensorType, verify_graph
 from qlower.partition import partition
 from qlower.program.program import Program
 from qlower.reference.aten_fallback import Operand, encode_call
@@ -57,7 +57,7 @@ def conv_graph() -> Graph:
     fw = b.constant(rng.integers(-127, 128, (5, 8)).astype(np.int8), dw_q, name="fc_w")
     fc = b.op("fully_connected", flat, fw, None, name="fc")
     out = b.op("rescale", fc, out=QuantSpec.per_tensor(0.25, 1), rounding="double", name="logits")
-    return verify(b.build([out, mp]))
+    return verify_graph(b.build([out, mp]))
 
 
 def movement_graph() -> Graph:
@@ -110,7 +110,7 @@ def movement_graph() -> Graph:
     mm = b.op("matmul", mm_a, mm_b, name="mm")
     as_float = b.op("cast", rm, dtype=DType.FLOAT32, name="rmax_f")
     back = b.op("cast", as_float, dtype=INT32, out=_per_tensor32(0.1), name="rmax_i")
-    return verify(b.build([out8, mm, back]))
+    return verify_graph(b.build([out8, mm, back]))
 
 
 def dynamic_graph() -> Graph:
@@ -146,7 +146,7 @@ def dynamic_graph() -> Graph:
                       in_dtypes=("float32",), out_dtypes=("float32", "int64"), name="top",
                       out_types=(TensorType((2, 1), DType.FLOAT32),
                                  TensorType((2, 1), INT32, QuantSpec.plain_integer(INT32))))
-    return verify(b.build([dq16, flags, top, where]))
+    return verify_graph(b.build([dq16, flags, top, where]))
 
 
 class BlobBackend(Backend):

@@ -37,10 +37,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from graph_state import GraphState, conv_geometry
 from hypothesis import strategies as st
-from random_layers import LAYERS, GraphState, conv_geometry
+from random_layers import LAYERS
 
-from qlower.ir import DType, Graph, TensorType, Value, print_graph, verify
+from qlower.ir import DType, Graph, TensorType, Value, print_graph, verify_graph
 
 
 @dataclass(frozen=True, eq=False)
@@ -163,7 +164,7 @@ def graphs(draw, max_layers: int = 5) -> Graph:
     for dynamic in (True, False):
         if draw(st.integers(0, 2)) == 2:
             outputs.append(draw(_span(g, _tail, x, shape, dynamic)))
-    return verify(g.b.build(outputs))
+    return verify_graph(g.b.build(outputs))
 
 
 @st.composite
