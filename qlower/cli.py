@@ -153,7 +153,7 @@ def cmd_run(args) -> int:
             inputs.append(np.load(path, allow_pickle=False))
         except (OSError, ValueError, EOFError) as e:
             raise UsageError(f"--input {path}: not a readable .npy file ({e})") from None
-    for note in sorted({str(p.payload.meta.get("execution")) for p in prog.partitions} - {"None"}):
+    for note in sorted({str(p.payload.execution) for p in prog.partitions if p.payload.execution is not None}):
         say(f"note: {note}")
     outs = prog.run(*inputs)
     for i, o in enumerate(outs):

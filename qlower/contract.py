@@ -36,6 +36,64 @@ class Verdict:
         return self.ok
 
 
+EXECUTION_KINDS = ("simulated", "vulkan", "approximate")
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How a payload runs on this machine when that is not simply the target computing its own
+    numbers; reports and ``qlower run`` print it.
+
+    ``kind``: "simulated" (another engine computes the target's numbers, e.g. an Ethos-U
+    partition on the TOSA reference model), "vulkan" (a VGF on a Vulkan device) or
+    "approximate" (a runtime known to differ from the reference, with the bound in ``detail``).
+    """
+
+    kind: str
+    detail: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in EXECUTION_KINDS:
+            raise ValueError(f"execution kind {self.kind[:40]!r} is not one of {', '.join(EXECUTION_KINDS)}")
+
+    @classmethod
+    def parse(cls, text: Any) -> Execution:
+        """The ``Execution`` a payload's metadata spells ``"<kind>: <detail>"``; ValueError otherwise."""
+        if not isinstance(text, str) or ": " not in text:
+            raise ValueError(f"execution must be a string '<kind>: <detail>', got {str(text)[:60]!r}")
+        kind, detail = text.split(": ", 1)
+        return cls(kind, detail)
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}"
+
+
+@dataclass(frozen=True)
+class TosaTensors:
+    """The tensor names of a TOSA graph's inputs and outputs, and of the intermediates its trace
+    graph appends to the outputs (``trace.tosa``), in order."""
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    trace: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, meta: Any, n_inputs: int, n_outputs: int) -> TosaTensors:
+        """From a TOSA payload's metadata; ValueError unless it names one tensor per boundary value."""
+        if not isinstance(meta, dict):
+            raise ValueError("the TOSA metadata is not an object")
+        names = []
+        for key in ("input_tensors", "output_tensors", "trace_outputs"):
+            value = meta.get(key, [])
+            if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):
+                raise ValueError(f"TOSA {key} must be a list of names")
+            names.append(tuple(value))
+        if (len(names[0]), len(names[1])) != (n_inputs, n_outputs):
+            raise ValueError(f"the TOSA graph names {len(names[0])} inputs and {len(names[1])} outputs, the "
+                             f"payload has {n_inputs} and {n_outputs}")
+        return cls(*names)
+
+
 @dataclass(frozen=True)
 class Payload:
     """A lowered partition.
@@ -45,7 +103,9 @@ class Payload:
     in the order of the subgraph's inputs and outputs.
     ``tensor_map``: payload tensor name -> name of the subgraph value it holds,
     so per-layer comparison reaches inside the partition.
-    ``meta``: JSON-serialisable facts (profile, op counts, performance estimates).
+    ``meta``: JSON-serialisable facts (profile, op counts, performance estimates); the
+    facts behaviour depends on are read through the typed views below, which ``check``
+    validates when a program file is loaded.
     """
 
     backend: str
@@ -55,6 +115,32 @@ class Payload:
     output_types: tuple[TensorType, ...]
     tensor_map: dict[str, str] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def execution(self) -> Execution | None:
+        """How it runs here, when that is not the target computing its own numbers."""
+        text = self.meta.get("execution")
+        return None if text is None else Execution.parse(text)
+
+    @property
+    def tosa_meta(self) -> dict[str, Any]:
+        """The metadata of the TOSA graph this payload runs: its own for a TOSA payload, the
+        nested ``meta["tosa"]`` for a payload that wraps one (Ethos-U, VGF)."""
+        return self.meta if self.backend == "tosa" else self.meta.get("tosa", {})
+
+    @property
+    def tosa_tensors(self) -> TosaTensors:
+        return TosaTensors.of(self.tosa_meta, len(self.input_types), len(self.output_types))
+
+    def check(self) -> str | None:
+        """Why the typed views of ``meta`` can't be read (a program file's payload), or None."""
+        try:
+            _ = self.execution
+            if self.backend == "tosa" or "tosa" in self.meta:
+                _ = self.tosa_tensors
+        except ValueError as e:
+            return str(e)
+        return None
 
 
 class Backend(ABC):
@@ -96,13 +182,20 @@ class Backend(ABC):
         backend accepts only what it would emit itself for ``subgraph`` (re-lowering when that is
         cheap) or what its own validation proves harmless to execute."""
 
+    @abstractmethod
     def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
                        tensors: Sequence[str]) -> dict[str, np.ndarray]:
         """Run a payload and also return the named internal tensors (keys of ``tensor_map``).
 
-        Backends that can't look inside a payload return only what they can.
+        A backend returns what it can see: the tensors of the payload it can't look inside are
+        simply absent (per-layer verification then shows no target column for them).
         """
-        return {}
+
+    def prepare(self, graph: Graph) -> None:
+        """Called with the whole graph before partitioning it, so that ``supports`` may judge an
+        op by facts beyond its own types (the graph's inputs, outputs and constant data). The
+        default needs none."""
+        return None
 
 
 def check_payload_inputs(payload: Payload, inputs: Sequence[np.ndarray], what: str) -> list[np.ndarray]:

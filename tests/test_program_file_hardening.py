@@ -248,3 +248,18 @@ def test_every_failure_is_a_qlower_error_and_saved_programs_round_trip(tmp_path)
     x = np.arange(32, dtype=np.int8).reshape(1, 4, 4, 2)
     assert np.array_equal(loaded.run(x)[0], PROG.run(x)[0])
     assert issubclass(SaveError, QlowerError) and issubclass(SaveError, OSError)
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("execution", "teleported: somewhere", "execution kind 'teleported' is not one of"),
+    ("execution", 7, "execution must be a string"),
+    ("output_tensors", [], "the TOSA graph names 1 inputs and 0 outputs"),
+    ("input_tensors", [3], "TOSA input_tensors must be a list of names"),
+])
+def test_the_typed_facts_of_a_payload_are_checked_at_load(key, value, message):
+    """What behaviour depends on (how the payload runs, which tensors are its boundary) is read
+    through Payload's typed views; a file whose metadata can't be read that way is refused."""
+    def alter(h):
+        h["partitions"][0]["payload"]["meta"][key] = value
+    with pytest.raises(InvalidProgramError, match=f"partition 'p0' payload: {message}"):
+        program_from_bytes(_edit(program_to_bytes(TOSA), alter))

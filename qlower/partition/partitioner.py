@@ -162,9 +162,7 @@ def partition(graph: Graph, backend: Backend, target: str, prefix: str = "p", tr
 
 
 def _partition(graph: Graph, backend: Backend, target: str, prefix: str, trace: bool, bar: tqdm) -> PartitionResult:
-    prepare = getattr(backend, "prepare", None)  # optional: a backend whose verdicts need the whole graph
-    if prepare is not None:
-        prepare(graph)
+    backend.prepare(graph)
     verdicts = {}
     for op in graph.ops:
         if op.kind == "constant":

@@ -181,6 +181,10 @@ class BlobBackend(Backend):
 
         return run_graph(program_from_bytes(payload.blobs["graph.qlower"], "blob payload").graph, inputs)
 
+    def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
+                       tensors: Sequence[str]) -> dict[str, np.ndarray]:
+        return {}   # a blob is opaque: nothing inside it to show
+
 
 def partitioned_program(graph: Graph) -> Program:
     """``graph`` partitioned for BLOB_TARGET, as ``qlower.api.lower_graph`` would (without the registry)."""

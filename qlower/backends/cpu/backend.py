@@ -44,3 +44,7 @@ class CpuBackend(Backend):
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         raise NotImplementedError(_DIRECT)
+
+    def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
+                       tensors: Sequence[str]) -> dict[str, np.ndarray]:
+        raise NotImplementedError(_DIRECT)

@@ -7,29 +7,26 @@ tensor's dtype; when that disagrees with the subgraph's type, lowering fails
 with a CompileError instead of letting bytes be reinterpreted.
 
 No Ethos-U simulator is installable here, so ``execute`` runs the same TOSA
-partition (``blobs["graph.tosa"]``) on the TOSA reference model; the payload
-says so in ``meta["execution"]``. The NPU numbers in ``meta["perf"]`` are
+partition (``blobs["graph.tosa"]``) on the TOSA reference model (``TosaConsumer``);
+the payload's ``execution`` says so. The NPU numbers in ``meta["perf"]`` are
 Vela's estimates, not measurements.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
 from qlower.backends.ethosu.vela import ACCELERATORS, IOTensor, VelaConfig, VelaDroppedIO, compile_tosa, vela_config
-from qlower.backends.tosa import TosaBackend
-from qlower.contract import Backend, Payload, Verdict
-from qlower.errors import CompileError, ExecutionError
+from qlower.backends.tosa.backend import GRAPH_BLOB
+from qlower.backends.tosa.consumer import TosaConsumer, simulated
+from qlower.contract import Payload, Verdict
+from qlower.errors import CompileError
 from qlower.ir import DType, Graph, GraphBuilder, Op, TensorType, Value, rebuild
 
 TOSA_PROFILE = "tosa-1.0+int"
-TRACE_BLOB = "trace.tosa"
-EXECUTION = "simulated: TOSA reference model"
+EXECUTION = str(simulated())
 # TOSA dtype name -> (IR dtype, bytes per element)
 _TOSA_DTYPES: dict[str, tuple[DType, int]] = {
     "BOOL": (DType.BOOL, 1), "INT8": (DType.INT8, 1), "INT16": (DType.INT16, 2), "INT32": (DType.INT32, 4),
@@ -124,7 +121,7 @@ def _lower_unvalidated(graph: Graph) -> tuple[bytes, list[str]]:
     return writer.serialize(), sorted(writer.op_counts())
 
 
-class EthosUBackend(Backend):
+class EthosUBackend(TosaConsumer):
     """Arm Ethos-U55/U65/U85 through Vela. Options: Vela's system config and memory mode
     (defaults: Vela's own per family), ``per_layer`` for Vela's per-operator estimate in
     the payload meta, Vela's ``optimise`` goal ("Performance" or "Size"), and ``trace``
@@ -132,7 +129,9 @@ class EthosUBackend(Backend):
     run can report every intermediate tensor for per-layer comparison."""
 
     name = "ethos-u"
+    title = "Ethos-U"
     targets = ACCELERATORS
+    compiler_blobs = ("command_stream.bin", "read_only.bin")
 
     def __init__(self, system_config: str | None = None, memory_mode: str | None = None,
                  per_layer: bool = False, optimise: str = "Performance", trace: bool = False) -> None:
@@ -140,10 +139,8 @@ class EthosUBackend(Backend):
         self.per_layer, self.optimise, self.trace = per_layer, optimise, trace
         self.facts = GraphFacts()
 
-    @functools.cached_property
-    def tosa(self) -> Backend:
-        """The TOSA backend this one lowers through (and simulates on)."""
-        return TosaBackend()
+    def tosa_profile(self, target: str) -> str:
+        return TOSA_PROFILE
 
     def config(self, target: str) -> VelaConfig:
         return vela_config(target, self.system_config, self.memory_mode)
@@ -167,7 +164,6 @@ class EthosUBackend(Backend):
                                "(dead code; run dead-code elimination before partitioning)")
         trace = trace or self.trace
         subgraph, tosa, result = self._compile_with_own_buffers(subgraph, config, trace)
-        graph_tosa = tosa.blobs["graph.tosa"]
         if len(result.inputs) != len(subgraph.inputs) or len(result.outputs) != len(subgraph.outputs):
             raise CompileError(f"Vela's command stream has {len(result.inputs)} inputs and {len(result.outputs)} "
                                f"outputs, the partition {len(subgraph.inputs)} and {len(subgraph.outputs)}")
@@ -186,7 +182,6 @@ class EthosUBackend(Backend):
                    + [{"kind": "output", "value": v.name, **io.as_meta()}
                       for io, v in zip(result.outputs, subgraph.outputs)]),
             "perf": result.perf, "execution": EXECUTION, "vela_seconds": round(result.seconds, 4),
-            "tosa": tosa.meta,
         }
         meta["summary"] = (f"Vela ({config.system_config} / {config.memory_mode}): "
                            f"{result.perf['npu_cycles']:,} NPU cycles, "
@@ -194,11 +189,8 @@ class EthosUBackend(Backend):
                            f"(estimates); runs here {EXECUTION}")
         if result.per_layer is not None:
             meta["per_layer"] = result.per_layer
-        blobs = {"graph.tosa": graph_tosa, "command_stream.bin": result.command_stream,
-                 "read_only.bin": result.read_only}
-        if TRACE_BLOB in tosa.blobs:
-            blobs[TRACE_BLOB] = tosa.blobs[TRACE_BLOB]
-        return Payload(self.name, target, blobs, in_types, out_types, dict(tosa.tensor_map), meta)
+        return self.wrap(target, tosa, {"command_stream.bin": result.command_stream, "read_only.bin": result.read_only},
+                         in_types, out_types, meta)
 
     def _compile_with_own_buffers(self, subgraph: Graph, config: VelaConfig, trace: bool):
         """(graph compiled, TOSA payload, Vela result) with a buffer of its own for every output.
@@ -214,7 +206,7 @@ class EthosUBackend(Backend):
         for graph in attempts:
             tosa = self.tosa.lower(graph, TOSA_PROFILE, trace=trace)
             try:
-                result = compile_tosa(tosa.blobs["graph.tosa"], config, per_layer=self.per_layer,
+                result = compile_tosa(tosa.blobs[GRAPH_BLOB], config, per_layer=self.per_layer,
                                       optimise=self.optimise)
             except VelaDroppedIO as e:
                 problem = str(e)
@@ -228,30 +220,10 @@ class EthosUBackend(Backend):
         raise CompileError(f"Vela gives the outputs of partition '{subgraph.name}' no buffer of their own, even "
                            f"with every quantized output copied: {problem}")
 
-    def _tosa_payload(self, payload: Payload) -> Payload:
-        if "graph.tosa" not in payload.blobs:
-            raise ExecutionError(f"the Ethos-U payload for {payload.target} has no graph.tosa to simulate it with; "
-                                 "recompile the program")
-        blobs = {k: payload.blobs[k] for k in ("graph.tosa", TRACE_BLOB) if k in payload.blobs}
-        return Payload("tosa", TOSA_PROFILE, blobs, payload.input_types,
-                       payload.output_types, dict(payload.tensor_map), dict(payload.meta.get("tosa", {})))
-
-    def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
-        """The TOSA graph that runs here must be exactly this lowering of ``subgraph`` (the command
-        stream and weights are only written out, never executed, in this process)."""
-        missing = [b for b in ("graph.tosa", "command_stream.bin", "read_only.bin") if b not in payload.blobs]
-        if missing:
-            return f"the Ethos-U payload has no {', '.join(missing)}"
-        tosa = self._tosa_payload(payload)
+    def check_loaded_tosa(self, subgraph: Graph, tosa: Payload) -> str | None:
+        """``lower`` compiles the subgraph with its outputs copied: those Vela is known to drop, or
+        every one when Vela dropped another."""
         problem = self.tosa.check_loaded(materialize_aliased_outputs(subgraph), tosa)
         if problem is None or self.tosa.check_loaded(materialize_aliased_outputs(subgraph, every=True), tosa) is None:
-            return None   # (``lower`` copies every output when Vela drops one the rules miss)
+            return None
         return problem
-
-    def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Simulated: the partition's TOSA graph on the TOSA reference model (no Ethos-U simulator here)."""
-        return self.tosa.execute(self._tosa_payload(payload), inputs)
-
-    def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
-                       tensors: Sequence[str]) -> dict[str, np.ndarray]:
-        return self.tosa.execute_traced(self._tosa_payload(payload), inputs, tensors)

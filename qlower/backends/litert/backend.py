@@ -26,7 +26,7 @@ from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, uns
 from qlower.backends.litert.fused_add import add_groups, to_tflite_add
 from qlower.backends.litert.verify import builtin_counts, loaded_payload_problem, model_description, verify_tflite
 from qlower.backends.threads import check_threads
-from qlower.contract import Backend, Payload, Verdict, check_payload_inputs
+from qlower.contract import Backend, Execution, Payload, Verdict, check_payload_inputs
 from qlower.errors import ConfigError, ExecutionError, InputError
 from qlower.ir import Graph, Op
 
@@ -83,7 +83,8 @@ class LiteRtBackend(Backend):
                   "tflite_ops": builtin_counts(model), "tflite_bytes": len(model),
                   "exact_kernels": rounding.exact_kernels(subgraph),
                   # as Ethos-U says its execution is simulated: `qlower run` prints it
-                  **({"execution": _EXACTNESS[self.kernels]} if self.kernels not in rounding.GUARANTEED else {})},
+                  **({"execution": str(Execution("approximate", _EXACTNESS[self.kernels]))}
+                     if self.kernels not in rounding.GUARANTEED else {})},
         )
 
     def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:

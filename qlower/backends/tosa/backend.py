@@ -115,11 +115,10 @@ class TosaBackend(Backend):
         (inputs, outputs and, with a trace graph, every mapped intermediate; not constants)."""
         arrays = check_payload_inputs(payload, inputs, "the TOSA partition")
         blob = payload.blobs.get(TRACE_BLOB, payload.blobs[GRAPH_BLOB])
-        names = list(payload.meta["output_tensors"])
-        if TRACE_BLOB in payload.blobs:
-            names += payload.meta["trace_outputs"]
+        tensors_of = payload.tosa_tensors
+        names = tensors_of.outputs + (tensors_of.trace if TRACE_BLOB in payload.blobs else ())
         outputs = executor.run(blob, arrays, f"traced partition for {payload.target}")
-        by_name = dict(zip(payload.meta["input_tensors"], arrays)) | dict(zip(names, outputs))
+        by_name = dict(zip(tensors_of.inputs, arrays)) | dict(zip(names, outputs))
         return {name: by_name[name] for name in tensors if name in by_name}
 
 

@@ -8,7 +8,7 @@ boundary types are read back from the VGF's input and output tensors (DESIGN.md
 rule 6): a VGF tensor whose format or shape is not the subgraph value's is a
 CompileError, never a reinterpreted buffer.
 
-Execution (``meta["execution"]`` says which, in plain words):
+Execution (the payload's ``execution`` says which, in plain words):
 - ``vulkan: ...``: the VGF runs on Vulkan through the ML SDK scenario runner and
   the ML emulation layer (see ``runner``), decided at lowering time by running a
   probe graph once per process;
@@ -34,19 +34,19 @@ from typing import Any
 
 import numpy as np
 
-from qlower.backends.tosa import TosaBackend
+from qlower.backends.tosa.backend import GRAPH_BLOB as GRAPH_TOSA
+from qlower.backends.tosa.backend import TRACE_BLOB as TRACE_TOSA
+from qlower.backends.tosa.consumer import TosaConsumer, simulated
 from qlower.backends.vgf.container import VgfModel, VgfTensor, read_vgf
 from qlower.backends.vgf.converter import tosa_to_vgf
 from qlower.backends.vgf.runner import TensorSpec, VulkanUnavailable, run_vgf, specs_from_meta
-from qlower.contract import Backend, Payload, Verdict, check_payload_inputs
+from qlower.contract import Execution, Payload, Verdict, check_payload_inputs
 from qlower.errors import CompileError, ConfigError, ExecutionError, InputError
 from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, Value
 
 PROFILES: dict[str, str] = {"vgf": "tosa-1.0+int+fp", "vgf+int": "tosa-1.0+int"}
-GRAPH_TOSA, MODEL_VGF = "graph.tosa", "model.vgf"
-TRACE_TOSA, TRACE_VGF = "trace.tosa", "trace.vgf"
+MODEL_VGF, TRACE_VGF = "model.vgf", "trace.vgf"
 VULKAN = "vulkan"
-SIMULATED = "simulated: TOSA reference model"
 MODES = ("auto", "vulkan", "simulate")
 
 
@@ -143,9 +143,11 @@ def _convert(tosa: bytes, subgraph: Graph, tosa_meta: dict, profile: str):
                            f"host, or compile for {profile}.") from None
 
 
-class VgfBackend(Backend):
+class VgfBackend(TosaConsumer):
     name = "vgf"
+    title = "VGF"
     targets = tuple(PROFILES)
+    compiler_blobs = (MODEL_VGF,)
 
     def __init__(self, execution: str | None = None, *, probe: bool = True) -> None:
         mode = execution or os.environ.get("QLOWER_VGF_EXECUTION", "auto")
@@ -153,28 +155,26 @@ class VgfBackend(Backend):
             raise ConfigError(f"VGF execution mode {mode!r}: expected one of {', '.join(MODES)}")
         self.execution, self._probe = mode, probe
 
-    @functools.cached_property
-    def tosa(self) -> Backend:
-        """The TOSA backend this one lowers through (and simulates on)."""
-        return TosaBackend()
+    def tosa_profile(self, target: str) -> str:
+        return profile_for(target)
 
     def supports(self, op: Op, target: str) -> Verdict:
         if any(v.type.dtype is DType.BOOL for v in (*op.input_values(), *op.results)):
             return Verdict.no("bool tensor: qlower doesn't read VGF's bool tensors (VK_FORMAT_R8_BOOL_ARM) yet")
         return self.tosa.supports(op, profile_for(target))
 
-    def execution_for_new_payloads(self) -> str:
-        """``meta["execution"]`` of the payloads this backend lowers now (probes Vulkan once per process)."""
+    def execution_for_new_payloads(self) -> Execution:
+        """The execution of the payloads this backend lowers now (probes Vulkan once per process)."""
         if self.execution == "simulate":
-            return f"{SIMULATED} (reason: VGF execution mode 'simulate' was requested)"
+            return simulated("VGF execution mode 'simulate' was requested")
         if not self._probe:
-            return f"{VULKAN}: not probed"
+            return Execution(VULKAN, "not probed")
         ok, detail = vulkan_status()
         if ok:
-            return f"{VULKAN}: ML SDK scenario runner + ML emulation layer for Vulkan on {detail}"
+            return Execution(VULKAN, f"ML SDK scenario runner + ML emulation layer for Vulkan on {detail}")
         if self.execution == "vulkan":
             raise CompileError(f"VGF execution mode 'vulkan' was requested, but VGF can't run on Vulkan here: {detail}")
-        return f"{SIMULATED} (reason: {detail})"
+        return simulated(detail)
 
     def lower(self, subgraph: Graph, target: str, trace: bool = False) -> Payload:
         """TOSA lowering (validated), then the model converter. With ``trace``, the TOSA trace graph
@@ -196,7 +196,7 @@ class VgfBackend(Backend):
         execution, version = self.execution_for_new_payloads(), ".".join(map(str, model.version))
         meta: dict[str, Any] = {
             "profile": tosa.meta.get("profile"),
-            "execution": execution,
+            "execution": str(execution),
             "summary": f"VGF {version}; execution: {execution}",
             "vgf_version": version,
             "model_converter": converted.version,
@@ -204,43 +204,29 @@ class VgfBackend(Backend):
             "segments": list(model.segments),
             "constants": model.constants,
             "io": _io_meta(model),
-            "tosa": tosa.meta,
         }
-        blobs = {GRAPH_TOSA: tosa.blobs[GRAPH_TOSA], MODEL_VGF: converted.vgf}
+        blobs = {MODEL_VGF: converted.vgf}
         if TRACE_TOSA in tosa.blobs:
             traced = _convert(tosa.blobs[TRACE_TOSA], subgraph, tosa.meta, profile)
             trace_model = read_vgf(traced.vgf)
-            names = list(tosa.meta["output_tensors"]) + list(tosa.meta["trace_outputs"])
+            names = list(tosa.tosa_tensors.outputs + tosa.tosa_tensors.trace)
             if len(trace_model.inputs) != len(subgraph.inputs) or len(trace_model.outputs) != len(names):
                 raise CompileError(f"the trace VGF of partition '{subgraph.name}' has {len(trace_model.outputs)} "
                                    f"outputs, its TOSA graph {len(names)}")
-            blobs.update({TRACE_TOSA: tosa.blobs[TRACE_TOSA], TRACE_VGF: traced.vgf})
+            blobs[TRACE_VGF] = traced.vgf
             meta["trace_io"] = _io_meta(trace_model)
         meta["lower_seconds"] = round(time.perf_counter() - start, 4)
-        return Payload(self.name, target, blobs, in_types, out_types, dict(tosa.tensor_map), meta)
+        return self.wrap(target, tosa, blobs, in_types, out_types, meta)
 
-    def _tosa_payload(self, payload: Payload) -> Payload:
-        if GRAPH_TOSA not in payload.blobs:
-            raise ExecutionError(f"VGF payload for {payload.target} has no {GRAPH_TOSA} to simulate")
-        blobs = {k: payload.blobs[k] for k in (GRAPH_TOSA, TRACE_TOSA) if k in payload.blobs}
-        return Payload("tosa", profile_for(payload.target), blobs, payload.input_types, payload.output_types,
-                       dict(payload.tensor_map), dict(payload.meta.get("tosa", {})))
-
-    def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
-        """The TOSA graph (simulated runs) must be exactly this lowering of ``subgraph``. The VGF
-        files are not parsed here: only the scenario runner reads them, in a process of its own."""
-        missing = [b for b in (GRAPH_TOSA, MODEL_VGF) if b not in payload.blobs]
-        if missing:
-            return f"the VGF payload has no {', '.join(missing)}"
-        return self.tosa.check_loaded(subgraph, self._tosa_payload(payload))
-
-    def _runs_on_vulkan(self, payload: Payload) -> bool:
-        return str(payload.meta.get("execution", "")).startswith(VULKAN)
+    @staticmethod
+    def _runs_on_vulkan(payload: Payload) -> bool:
+        execution = payload.execution
+        return execution is not None and execution.kind == VULKAN
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """On Vulkan when the payload says so (never a silent fallback), else on the TOSA reference model."""
         if not self._runs_on_vulkan(payload):
-            return self.tosa.execute(self._tosa_payload(payload), inputs)
+            return super().execute(payload, inputs)
         arrays = _without_nan(check_payload_inputs(payload, inputs, "the VGF partition"))
         try:
             return _run_real(payload, arrays).outputs
@@ -255,19 +241,19 @@ class VgfBackend(Backend):
         ``trace``, every mapped intermediate; from ``trace.vgf`` (or ``model.vgf``) run on Vulkan,
         or for a simulated payload from the TOSA reference model. Same contract as the TOSA backend."""
         if not self._runs_on_vulkan(payload):
-            return self.tosa.execute_traced(self._tosa_payload(payload), inputs, tensors)
-        tosa_meta = payload.meta.get("tosa", {})
-        names = list(tosa_meta.get("output_tensors", []))
+            return super().execute_traced(payload, inputs, tensors)
+        names = payload.tosa_tensors
         arrays = _without_nan(check_payload_inputs(payload, inputs, "the VGF partition"))
+        outputs_named = list(names.outputs)
         try:
             if TRACE_VGF in payload.blobs:
-                names += list(tosa_meta.get("trace_outputs", []))
-                outputs = _run_real(payload, arrays, TRACE_VGF, "trace_io", len(names)).outputs
+                outputs_named += names.trace
+                outputs = _run_real(payload, arrays, TRACE_VGF, "trace_io", len(outputs_named)).outputs
             else:
                 outputs = _run_real(payload, arrays).outputs
         except VulkanUnavailable as e:
             raise ExecutionError(f"this VGF partition was compiled to run on Vulkan, which can't run here: {e}") from None
-        by_name = dict(zip(tosa_meta.get("input_tensors", []), arrays)) | dict(zip(names, outputs))
+        by_name = dict(zip(names.inputs, arrays)) | dict(zip(outputs_named, outputs))
         return {name: by_name[name] for name in tensors if name in by_name}
 
 
