@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from qlower.backends.cpu import prepare
-from qlower.ir import DType, Graph, GraphBuilder, QuantSpec, TensorType, verify
+from qlower.ir import DType, Graph, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 
 TALL = (1, 800, 90, 8)
@@ -71,7 +71,7 @@ def build(kind: str, dtype: DType, shape: tuple, attrs: dict) -> Graph:
         quant = QuantSpec.per_tensor(0.05, -7 if dtype is DType.INT8 else 0, dtype)
     b = GraphBuilder(kind)
     x = b.input("x", TensorType(shape, dtype, quant))
-    return verify(b.build([b.op(kind, x, **attrs)]))
+    return verify_graph(b.build([b.op(kind, x, **attrs)]))
 
 
 def make_input(dtype: DType, shape: tuple, rng: np.random.Generator) -> np.ndarray:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qlower.ir import DType, Graph, GraphBuilder, QuantSpec, TensorType, Value, verify
+from qlower.ir import DType, Graph, GraphBuilder, QuantSpec, TensorType, Value, verify_graph
 
 sys.path.insert(0, str(Path(__file__).parent))
 from reference_speed import build_mobilenet_v2, macs  # noqa: E402
@@ -81,4 +81,4 @@ class _ResNet:
 
 
 def build_resnet18(seed: int = 0, size: int = 224) -> Graph:
-    return verify(_ResNet(seed).build(size))
+    return verify_graph(_ResNet(seed).build(size))

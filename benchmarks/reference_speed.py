@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qlower.ir import DType, Graph, GraphBuilder, QuantSpec, TensorType, Value, verify
+from qlower.ir import DType, Graph, GraphBuilder, QuantSpec, TensorType, Value, verify_graph
 from qlower.reference import run_graph
 
 # (expansion t, output channels c, repeats n, first stride s): MobileNetV2, Sandler et al. 2018, table 2
@@ -104,7 +104,7 @@ class _Net:
 
 
 def build_mobilenet_v2(seed: int = 0) -> Graph:
-    return verify(_Net(seed).build())
+    return verify_graph(_Net(seed).build())
 
 
 def macs(graph: Graph) -> int:

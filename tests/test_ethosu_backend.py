@@ -173,6 +173,10 @@ def test_float_in_the_middle_on_u85():
                                                                                                 else 8)
         assert set(p.payload.blobs) == {"graph.tosa", "command_stream.bin", "read_only.bin"}
         assert p.payload.blobs["command_stream.bin"][:4] == b"COP1"
+        # what the device spends heads the summary explain() prints: total cycles, then the NPU's part
+        perf = meta["perf"]
+        assert perf["total_cycles"] >= perf["npu_cycles"]
+        assert f"{perf['total_cycles']:,} total cycles ({perf['npu_cycles']:,} NPU," in meta["summary"]
     # the host turns each int8 delegate result into float with an explicit dequantize
     users = res.host.users()
     for op in res.host.ops:

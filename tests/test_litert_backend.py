@@ -59,7 +59,8 @@ def test_whole_graph_is_one_litert_partition(programs):
     assert [op.kind for op in prog.graph.ops if op.kind != "constant"] == ["delegate"]
     meta = prog.partitions[0].payload.meta
     assert meta["kernels"] == "reference" and "bit-exact" in meta["exactness"]
-    assert meta["tflite_ops"]["CONV_2D"] == 1 and meta["tflite_ops"]["DEPTHWISE_CONV_2D"] == 1
+    # the depthwise conv, and the mean over H and W: an average pool, its window sums a float depthwise conv
+    assert meta["tflite_ops"]["CONV_2D"] == 1 and meta["tflite_ops"]["DEPTHWISE_CONV_2D"] == 2
     assert _int8_adds(prog.partitions[0].payload.blobs["model.tflite"]) == 1, "the residual add: TFLite's ADD"
 
 
@@ -207,3 +208,25 @@ def test_export_refuses_an_unknown_format(programs, tmp_path):
     with pytest.raises(ValueError, match="formats: tflite"):
         programs["reference"].export(tmp_path / "m.onnx", format="onnx")
     assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("side", [7, 40])
+def test_a_global_mean_is_exact_on_litert_at_any_size(side):
+    """A mean over H and W is an int16 average pool: a small one sums its windows in float32 (exact
+    below 2**24), a 40x40 one in int32 (TFLite's SUM); both stay in the partition, bit-exact."""
+    class Mean(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 1)
+
+        def forward(self, x):
+            return self.conv(x).mean((2, 3))
+
+    torch.manual_seed(SEED)
+    gen = torch.Generator().manual_seed(SEED)
+    x = torch.randn(1, 3, side, side, generator=gen)
+    prog = qlower.compile(Mean().eval(), (x,), target="litert", calibration=[(x,), (x * 1.5,)], progress=False)
+    ops = prog.partitions[0].payload.meta["tflite_ops"]
+    assert ("SUM" in ops) == (side == 40) and len(prog.partitions) == 1
+    assert not {d.op.kind for d in prog.decisions} - {"quantize", "dequantize", "transpose", "reshape"}
+    np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x.numpy()])[0])

@@ -183,8 +183,10 @@ class EthosUBackend(TosaConsumer):
                       for io, v in zip(result.outputs, subgraph.outputs)]),
             "perf": result.perf, "execution": EXECUTION, "vela_seconds": round(result.seconds, 4),
         }
-        meta["summary"] = (f"Vela ({config.system_config} / {config.memory_mode}): "
-                           f"{result.perf['npu_cycles']:,} NPU cycles, "
+        # the total is what the device spends: NPU work plus the time it waits on memory
+        total, npu = result.perf["total_cycles"], result.perf["npu_cycles"]
+        meta["summary"] = (f"Vela ({config.system_config} / {config.memory_mode}): {total:,} total cycles "
+                           f"({npu:,} NPU, {max(total - npu, 0):,} waiting on memory), "
                            f"{1e3 * result.perf['inference_seconds']:.2f} ms at {config.core_clock / 1e6:g} MHz "
                            f"(estimates); runs here {EXECUTION}")
         if result.per_layer is not None:

@@ -502,31 +502,44 @@ def _max_pool(ex: _Export, op: Op) -> None:
 def _avg_pool(ex: _Export, op: Op) -> None:
     """TOSA's integer average: the exact sum of the real taps' centered codes, times ``reciprocal_scale`` of
     their count. The sums come from a float32 depthwise convolution with a filter of ones on the centered
-    codes: every partial sum is an integer below 2**24, so float32 holds it exactly in any order."""
+    codes: every partial sum is an integer below 2**24, so float32 holds it exactly in any order. A global
+    pool whose sums float32 can't hold exactly sums in int32 (SUM over H and W) instead."""
     t = op.operands[0].type
     if t.quant is None:
         raise NotExact("float average pooling sums in an order LiteRT's kernels don't follow")
     (kh, kw), (sh, sw), pad = op.attrs["kernel"], op.attrs["stride"], op.attrs["pad"]
-    if kh * kw * (t.dtype.max - t.dtype.min) >= emit.FLOAT_EXACT:
+    float_exact = kh * kw * (t.dtype.max - t.dtype.min) < emit.FLOAT_EXACT
+    global_pool = (kh, kw) == t.shape[1:3] and not any(pad)
+    if not float_exact and not global_pool:
         raise NotExact(f"a {kh}x{kw} window's sum of {t.dtype.value} codes is not exact in float32")
     b, name, zp = ex.b, op.result.name, t.quant.zero_point[0]
+    n, oh, ow, c = op.result.shape
     x = ex.plain(op.operands[0])
     if zp:
         x = b.binary_const(B.SUB, x, np.int32(zp), f"{name}/center")
+    if not float_exact:
+        axes = b.const(f"{name}/axes", np.asarray([1, 2], np.int32), "int32")
+        acc = b.op(B.SUM, [x, axes], f"{name}/acc", (n, 1, 1, c), "int32", opts=options("ReducerOptions", KeepDims=True))
+        _average_of_sums(ex, op, acc)
+        return
     x = b.cast(x, "float32", f"{name}/f32")
     if any(pad):
         x = _padv2(ex, x, t, np.array([[0, 0], [pad[0], pad[1]], [pad[2], pad[3]], [0, 0]], np.int32), 0.0,
                    f"{name}/pad")
-    c = t.shape[3]
     ones = b.const(f"{name}/ones", np.ones((1, kh, kw, c), np.float32), "float32")
     zeros = b.const(f"{name}/zeros", np.zeros(c, np.float32), "float32")
-    n, oh, ow, _ = op.result.shape
     sums = b.op(B.DEPTHWISE_CONV_2D, [x, ones, zeros], f"{name}/sums", (n, oh, ow, c), "float32",
                 opts=options("DepthwiseConv2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
                              DepthMultiplier=1, DilationWFactor=1, DilationHFactor=1))
-    acc = b.cast(sums, "int32", f"{name}/acc")
+    _average_of_sums(ex, op, b.cast(sums, "int32", f"{name}/acc"))
+
+
+def _average_of_sums(ex: _Export, op: Op, acc: int) -> None:
+    """The average pool's result from its int32 window sums (centered codes): TOSA's reciprocal scale."""
+    t, name = op.operands[0].type, op.result.name
+    zp = t.quant.zero_point[0]
     m = reciprocal_scale(pool_counts(op))
-    y = emit.rescale(b, acc, np.int64(0), m.multiplier[None, :, :, None], m.shift[None, :, :, None], zp,
+    y = emit.rescale(ex.b, acc, np.int64(0), m.multiplier[None, :, :, None], m.shift[None, :, :, None], zp,
                      t.dtype.min, t.dtype.max, _tfl_dtype(op.result.type), name, tflite_quant(op.result.type))
     ex.bind(op.result, y)
 

@@ -14,7 +14,9 @@ bottom/right padding, which the IR's average never counts (as PyTorch).
 equal, equally spaced windows, one pool each, concatenated. Dilated max pooling:
 each tap a strided slice, taps side by side, one max pool over them. ``mean`` / ``sum`` over any dims: rescale to int32
 (zero point removed), ``reduce_sum`` per dim, multiply by an int32 constant
-holding ``1/count`` exactly (code 1, scale ``1/count``), rescale to the output.
+holding ``1/count`` exactly (code 1, scale ``1/count``), rescale to the output; a
+mean over H and W (global average) is an average pool over the whole plane instead,
+as NPUs run it fastest.
 """
 
 from __future__ import annotations
@@ -107,7 +109,7 @@ def average(ctx: ImportContext, input: Ref, kernel, stride, pad, count_include_p
     """Average pool; ``pad`` (top, bottom, left, right) is counted when ``count_include_pad``,
     ``extra`` bottom/right padding (ceil_mode's partial windows) never is."""
     if tuple(kernel) == tuple(input.torch_shape[-2:]) and not any(pad) and not any(extra):
-        return reduce_dims(ctx, input, [2, 3], mean=True, keepdim=True)  # global: sum, then one rounding
+        return reduce_dims(ctx, input, [2, 3], mean=True, keepdim=True)  # global: a mean over H and W
     v = _widened(ctx, input)
     fill = v.quant.zero_point[0] if v.quant is not None else 0.0
     if count_include_pad and any(pad):
@@ -202,6 +204,30 @@ def reduce(ctx: ImportContext, node, input: Ref, dim=None, keepdim=False, dtype=
     return reduce_dims(ctx, input, dim or range(input.rank), packet(node) is aten.mean, keepdim)
 
 
+# The largest window one average pool takes on every NPU target (Vela's AVG_POOL2D limit for
+# unpadded windows: each side up to 256); a larger mean is a sum and a multiply.
+MAX_POOL_SIDE = 256
+
+
+def _pool_fits(hw) -> bool:
+    return all(1 <= int(n) <= MAX_POOL_SIDE for n in hw)
+
+
+def _global_average(ctx: ImportContext, x: Ref, keepdim: bool) -> Ref:
+    """A mean over H and W as one average pool over the whole plane: the int16-widened codes
+    averaged with TOSA's rounding at 1/256 of an input step, then one requantization (within a
+    step of fake-quant, like every average pool here). NPUs run it as one AVG_POOL2D, where a
+    sum over H and W costs a transpose and a reduction (issue 16: 2.0 M cycles on MobileNetV2)."""
+    v = _widened(ctx, x)
+    _, h, w, _ = v.shape
+    out = ctx.requant(ctx.emit("avg_pool2d", v, perm=layout.NHWC, kernel=(h, w), stride=(h, w)), layout.NHWC)
+    if keepdim:
+        return out
+    perm = layout.drop_dims(layout.NHWC, (2, 3))
+    shape = layout.ir_shape(x.torch_shape[:2], perm)
+    return Ref.of(ctx.emit("reshape", out.value, perm=perm, shape=shape), perm)
+
+
 def reduce_dims(ctx: ImportContext, input: Ref, dims, mean: bool, keepdim: bool) -> Ref:
     """Sum (or mean) over PyTorch ``dims`` in the input's own layout; quantized: exact int32 sum,
     times ``1/count`` held exactly as an int32 constant's scale, one rounding in the final rescale."""
@@ -209,6 +235,8 @@ def reduce_dims(ctx: ImportContext, input: Ref, dims, mean: bool, keepdim: bool)
     dims = sorted({layout.normalize_axis(d, x.rank) for d in dims})
     count = int(np.prod([x.torch_shape[d] for d in dims]))
     quantized = x.is_quantized and not x.spec.is_per_channel
+    if mean and quantized and x.rank == 4 and dims == [2, 3] and _pool_fits(x.torch_shape[2:]):
+        return _global_average(ctx, x, keepdim)
     if quantized:
         v = ctx.rescale(ctx.value_in(x), QuantSpec.per_tensor(x.spec.scale[0], 0, DType.INT32), x.perm)
     else:
