@@ -248,3 +248,25 @@ def test_frontend_agreement_fails_when_few_layers_find_their_counterpart(tiny, m
     monkeypatch.setattr(stages, "capture_torch_values", lose_all_but_one)
     with pytest.raises(AssertionError, match="too few layers compared"):
         frontend.fake_quant_agreement(result, [example])
+
+
+def test_npu_cycles_per_layer_reach_explain_and_the_report(tiny, tmp_path):
+    """Vela's per-operator cycles name the IR value and the model's source line; explain() lists the
+    five costliest, and the verification report carries them into its HTML chart."""
+    model, example, quant, calib = tiny
+    prog = _compile(tiny, "ethos-u85-256")
+    meta = prog.partitions[0].payload.meta
+    rows = meta["per_layer"]
+    convs = [r for r in rows if r["operator"] == "Conv2D" and r["value"]]
+    assert len(convs) >= 3 and all("qlower/zoo/cnn.py:" in r["source"] for r in convs)
+    assert sum(r["op_cycles"] for r in rows) <= meta["perf"]["total_cycles"]
+    text = prog.explain()
+    top = sorted(rows, key=lambda r: -r["op_cycles"])[:5]
+    assert f"top 5 of {len(rows)} operators by cycles:" in text
+    positions = [text.index(f"%{r['value']} at {r['source']}") for r in top if r["value"]]
+    assert positions == sorted(positions)   # costliest first
+    report = qlower.verify(model, example, target="ethos-u85-256", quant=quant, calibration=calib, progress=False)
+    assert [(r["value"], r["op_cycles"]) for r in report.cycles] == [(r["value"], r["op_cycles"]) for r in rows]
+    assert "Cycles per layer" in report.write_html(tmp_path / "r.html").read_text()
+    reference = qlower.verify(model, example, target="reference", quant=quant, calibration=calib, progress=False)
+    assert reference.cycles == [] and "Cycles per layer" not in reference.write_html(tmp_path / "s.html").read_text()

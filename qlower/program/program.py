@@ -73,8 +73,9 @@ class Program:
                          + ", ".join(f"{k}×{n}" for k, n in sorted(kinds.items())))
             lines.append(f"      reads  {ins}")
             lines.append(f"      writes {outs}")
-            if p.payload.meta.get("summary"):  # the backend's one line about its payload
+            if p.payload.meta.get("summary"):  # the backend's one line about its payload, and its details
                 lines.append(f"      {p.payload.meta['summary']}")
+            lines.extend(f"      {line}" for line in p.payload.meta.get("details", []) if isinstance(line, str))
         if self.decisions:
             lines.append("host ops (not delegated):")
             for d in self.decisions:

@@ -1,4 +1,5 @@
-"""The HTML verification report: tables, a per-layer error plot and a picture of the partitioning.
+"""The HTML verification report: tables, a per-layer error plot, per-layer cycles on NPU targets
+and a picture of the partitioning.
 
 Pictures are PNGs drawn with matplotlib (Agg, no display needed) and embedded
 as data URIs, so the report is one self-contained file.
@@ -59,6 +60,29 @@ def error_plot(report: VerificationReport) -> bytes:
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, loc="upper left", fontsize=8)
     ax.set_title(f"per-layer error — target {report.target}")
+    return _png(fig)
+
+
+def cycles_chart(report: VerificationReport) -> bytes:
+    """Per operator of the NPU partitions, in execution order: the cycles the device spends on it
+    (light) and their NPU part (dark), labelled with the IR value it computes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report.cycles
+    ys = list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(10, max(2.5, 0.16 * len(rows) + 1.2)))
+    ax.barh(ys, [r.get("op_cycles", 0) for r in rows], color="#9ecae1", label="cycles (NPU + waiting on memory)")
+    ax.barh(ys, [r.get("npu_cycles", 0) for r in rows], color=_PART_COLORS[0], height=0.5, label="NPU cycles")
+    ax.set_yticks(ys)
+    ax.set_yticklabels([f"{r.get('operator', '')} %{r.get('value') or r.get('tensor', '')}" for r in rows], fontsize=6)
+    ax.invert_yaxis()
+    ax.set_xlabel("cycles (Vela's estimate)")
+    total = sum(r.get("op_cycles", 0) for r in rows)
+    ax.set_title(f"cycles per operator — target {report.target}, {total:,} in all")
+    ax.legend(loc="lower right", fontsize=8)
     return _png(fig)
 
 
@@ -135,6 +159,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} tr.inside td:first-child 
 <h1>qlower verify — target {html.escape(report.target)}</h1>
 <p id="verdict" class="{verdict.lower()}">verdict: <b>{verdict}</b></p><ul id="problems">{problems}</ul>
 <h2>Per-layer error</h2>{_img(error_plot(report), "per-layer error plot")}
+{f'<h2>Cycles per layer</h2>{_img(cycles_chart(report), "cycles per layer")}' if report.cycles else ""}
 <h2>Partitioning</h2>{_img(partition_picture(report), "partitioning")}
 {partitions}
 {fallbacks}

@@ -58,6 +58,9 @@ class VerificationReport:
     float_fallbacks: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     inputs: int = 1   # how many input tuples the rows are the worst case of
+    # NPU targets' per-operator cycle estimates in execution order: partition, operator, value, source,
+    # op_cycles (what the device spends on it) and npu_cycles (its compute part)
+    cycles: list[dict] = field(default_factory=list)
 
     @classmethod
     def worst_of(cls, reports: list[VerificationReport]) -> VerificationReport:
@@ -72,7 +75,7 @@ class VerificationReport:
                               for k in ("ref_vs_fp32", "ref_vs_fake_quant", "target_vs_ref")})
                    for rows in zip(*(r.outputs for r in reports), strict=True)]
         return cls(first.target, layers, outputs, first.dynamic, first.partitions, first.placement,
-                   first.float_fallbacks, inputs=sum(r.inputs for r in reports))
+                   first.float_fallbacks, inputs=sum(r.inputs for r in reports), cycles=first.cycles)
 
     def __post_init__(self) -> None:
         self.problems = self._find_problems()
@@ -114,6 +117,7 @@ class VerificationReport:
         return {"target": self.target, "ok": self.ok, "problems": self.problems, "inputs": self.inputs,
                 "target_compared": self.target_compared,
                 "partitions": self.partitions, "placement": self.placement, "float_fallbacks": self.float_fallbacks,
+                "cycles": self.cycles,
                 "layers": [r.as_dict() for r in self.layers], "outputs": [o.as_dict() for o in self.outputs]}
 
     def to_json(self) -> str:

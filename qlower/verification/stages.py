@@ -195,8 +195,10 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
     fallbacks = [{"value": d.op.results[0].name, "op": d.op.attrs["target"],
                   "source": d.op.results[0].origin.describe() if d.op.results[0].origin else "", "reason": d.reason}
                  for d in program.decisions if d.op.kind == "aten"]
+    cycles = [{"partition": p.name, **r} for p in program.partitions
+              for r in p.payload.meta.get("per_layer", []) if isinstance(r, dict)]
     return VerificationReport(program.target, rows, outputs, dynamic=program.meta.get("quant") == "dynamic",
-                              partitions=partitions, placement=placement, float_fallbacks=fallbacks)
+                              partitions=partitions, placement=placement, float_fallbacks=fallbacks, cycles=cycles)
 
 
 def _output_step(graph: Graph, out: Value) -> float | None:

@@ -111,6 +111,29 @@ def shared_output_buffers(outputs: Sequence[IOTensor]) -> list[tuple[int, int]]:
             if i < j and a.region == b.region and a.offset < b.offset + b.size and b.offset < a.offset + a.size]
 
 
+def layer_sources(rows: list[dict[str, Any]], tensor_map: dict[str, str], graph: Graph) -> list[dict[str, Any]]:
+    """Vela's per-operator rows, each with the IR value its output tensor holds and the model's
+    source line of that value (empty when Vela's tensor is one of its own)."""
+    values = {v.name: v for op in graph.ops for v in op.results}
+    out = []
+    for r in rows:
+        v = values.get(tensor_map.get(r["tensor"], ""))
+        out.append({**r, "value": v.name if v is not None else "",
+                    "source": v.origin.describe() if v is not None and v.origin is not None else ""})
+    return out
+
+
+def top_layers(rows: list[dict[str, Any]], total: int, count: int = 5) -> list[str]:
+    """Lines naming the ``count`` operators that cost the most cycles, with their source lines."""
+    top = sorted(rows, key=lambda r: -r["op_cycles"])[:count]
+    lines = [f"top {len(top)} of {len(rows)} operators by cycles:"] if top else []
+    for r in top:
+        share = f"{100 * r['op_cycles'] / total:.1f}% of total, " if total else ""
+        where = f"%{r['value']} at {r['source'] or '<no source>'}" if r["value"] else f"Vela tensor {r['tensor']}"
+        lines.append(f"  {r['op_cycles']:>10,} cycles ({share}{r['npu_cycles']:,} NPU)  {r['operator']}  {where}")
+    return lines
+
+
 def _lower_unvalidated(graph: Graph) -> tuple[bytes, list[str]]:
     """TOSA bytes (and operator names) of a one-op graph for a verdict. tosa-opt validation
     (a subprocess, ~0.1 s) is skipped: Vela validates its TOSA input itself."""
@@ -123,8 +146,8 @@ def _lower_unvalidated(graph: Graph) -> tuple[bytes, list[str]]:
 
 class EthosUBackend(TosaConsumer):
     """Arm Ethos-U55/U65/U85 through Vela. Options: Vela's system config and memory mode
-    (defaults: Vela's own per family), ``per_layer`` for Vela's per-operator estimate in
-    the payload meta, Vela's ``optimise`` goal ("Performance" or "Size"), and ``trace``
+    (defaults: Vela's own per family), ``per_layer`` (default on) for Vela's per-operator
+    estimate in the payload meta, each row with its IR value and the model's source line, Vela's ``optimise`` goal ("Performance" or "Size"), and ``trace``
     to keep the TOSA backend's trace graph (``blobs["trace.tosa"]``) so that the simulated
     run can report every intermediate tensor for per-layer comparison."""
 
@@ -134,7 +157,7 @@ class EthosUBackend(TosaConsumer):
     compiler_blobs = ("command_stream.bin", "read_only.bin")
 
     def __init__(self, system_config: str | None = None, memory_mode: str | None = None,
-                 per_layer: bool = False, optimise: str = "Performance", trace: bool = False) -> None:
+                 per_layer: bool = True, optimise: str = "Performance", trace: bool = False) -> None:
         self.system_config, self.memory_mode = system_config, memory_mode
         self.per_layer, self.optimise, self.trace = per_layer, optimise, trace
         self.facts = GraphFacts()
@@ -190,7 +213,8 @@ class EthosUBackend(TosaConsumer):
                            f"{1e3 * result.perf['inference_seconds']:.2f} ms at {config.core_clock / 1e6:g} MHz "
                            f"(estimates); runs here {EXECUTION}")
         if result.per_layer is not None:
-            meta["per_layer"] = result.per_layer
+            meta["per_layer"] = layer_sources(result.per_layer, tosa.tensor_map, subgraph)
+            meta["details"] = top_layers(meta["per_layer"], total)
         return self.wrap(target, tosa, {"command_stream.bin": result.command_stream, "read_only.bin": result.read_only},
                          in_types, out_types, meta)
 
