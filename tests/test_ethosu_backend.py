@@ -10,7 +10,9 @@ import subprocess
 
 import numpy as np
 import pytest
+import torch
 
+import qlower
 from qlower.api import lower_graph
 from qlower.backends.ethosu import EthosUBackend, c_header
 from qlower.backends.ethosu.backend import EXECUTION, aliased_outputs, boundary_type, materialize_aliased_outputs
@@ -407,3 +409,36 @@ def test_an_aliasing_pattern_the_rules_miss_is_caught_by_compiling_again(monkeyp
 
     monkeypatch.undo()
     assert program_from_bytes(program_to_bytes(prog)).partitions   # the loader accepts the copied form
+
+
+class _GlobalMean(torch.nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, channels, 1)
+        self.fc = torch.nn.Linear(channels, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).mean((2, 3)))
+
+
+@pytest.mark.parametrize("target,pooled", [("ethos-u85-256", True), ("ethos-u55-128", False)])
+def test_a_global_mean_takes_the_form_vela_runs_fastest(target, pooled):
+    """ethos-u85 runs a wide 7x7 mean fastest as one AVG_POOL2D, ethos-u55 as a sum and a multiply
+    (Vela's estimates of the two forms, measured per mean); either way the program means what the
+    NPU computes (bit-exact) and stays within a step of fake-quant per layer."""
+    from qlower.backends.ethosu.means import _cycles, global_means
+
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 7, 7)
+    model, calibration = _GlobalMean(512).eval(), [(x,), (x * 1.3,)]
+    prog = qlower.compile(model, (x,), target=target, calibration=calibration, progress=False)
+    kinds = prog.source.count_ops()
+    assert ("avg_pool2d" in kinds, "reduce_sum" in kinds) == (pooled, not pooled), kinds
+    (mean,) = global_means(prog.frontend.graph)
+    out = prog.frontend.graph.users()[mean.pool.result][0].attrs["out"]
+    config = EthosUBackend().config(target)
+    costs = [_cycles(mean.widen.operands[0].type, out, form, config) for form in (True, False)]
+    assert (costs[0] <= costs[1]) == pooled, costs
+    np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x.numpy()])[0])
+    report = qlower.verify(model, (x,), target=target, calibration=calibration, progress=False)
+    assert report.ok, report.problems
