@@ -8,7 +8,7 @@ ratios within one run.
 
     python benchmarks/compile.py [--size 224] [--repeat 3] [--targets reference tosa-1.0+int]
     python benchmarks/compile.py --repeat 1 --targets ethos-u85-256 ethos-u55-128 vgf+int \
-        --json benchmarks/results/compile_npu.json     # also Vela's NPU-cycle estimates
+        --json benchmarks/results/compile_npu.json     # also Vela's cycle estimates, per memory mode
 """
 
 from __future__ import annotations
@@ -55,8 +55,22 @@ def bench(name: str, size: int, targets: list[str], repeat: int) -> list[dict]:
                      "compile_s": round(sum(med), 3), "partitions": len(prog.partitions),
                      "ir_ops": len(graph.ops), "tosa_ops": counts,
                      # Vela's estimate for Ethos-U targets, summed over partitions
-                     "npu_cycles": sum(x["npu_cycles"] for x in perf) if perf else None})
+                     "npu_cycles": sum(x["npu_cycles"] for x in perf) if perf else None,
+                     "total_cycles": sum(x["total_cycles"] for x in perf) if perf else None,
+                     "memory_modes": _cycles_per_memory_mode(graph, target) if perf else None})
     return rows
+
+
+def _cycles_per_memory_mode(graph, target: str) -> dict[str, dict[str, int]]:
+    """Vela's NPU and total cycles for each memory mode of vela.ini that the accelerator takes."""
+    from qlower.backends.ethosu.vela import memory_modes
+
+    out = {}
+    for mode in memory_modes(target):
+        perf = [p.payload.meta["perf"] for p in lower_graph(graph, target, backend_options={"memory_mode": mode})
+                .partitions]
+        out[mode] = {"npu_cycles": sum(x["npu_cycles"] for x in perf), "total_cycles": sum(x["total_cycles"] for x in perf)}
+    return out
 
 
 def main() -> None:
@@ -74,13 +88,22 @@ def main() -> None:
 
     t = Table(title=f"qlower compile time (median of {args.repeat}, seconds)")
     for col in ("model", "target", "PT2E quantize", "import", "passes", "lower", "compile total", "partitions",
-                "NPU cycles (Vela)"):
+                "total cycles (Vela)", "NPU cycles"):
         t.add_column(col)
     for r in rows:
         t.add_row(r["model"], r["target"], f"{r['pt2e_quantize_s']:.2f}", f"{r['import_s']:.3f}",
                   f"{r['passes_s']:.3f}", f"{r['lower_s']:.3f}", f"{r['compile_s']:.3f}", str(r["partitions"]),
+                  "—" if r["total_cycles"] is None else f"{r['total_cycles']:,}",
                   "—" if r["npu_cycles"] is None else f"{r['npu_cycles']:,}")
     Console(width=150).print(t)
+    modes = Table(title="Vela's total / NPU cycles per memory mode (default system config of each family)")
+    for col in ("model", "target", "memory mode", "total cycles", "NPU cycles"):
+        modes.add_column(col)
+    for r in rows:
+        for mode, c in (r["memory_modes"] or {}).items():
+            modes.add_row(r["model"], r["target"], mode, f"{c['total_cycles']:,}", f"{c['npu_cycles']:,}")
+    if modes.rows:
+        Console(width=150).print(modes)
     for r in rows:
         if r["tosa_ops"]:
             print(f"{r['model']} {r['target']} TOSA ops: " + ", ".join(f"{k} {v}" for k, v in sorted(r["tosa_ops"].items())))

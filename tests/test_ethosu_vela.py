@@ -244,3 +244,11 @@ def test_parse_rejection(text, kind, ops):
     r = vela.parse_rejection("ethos-u55-64", text)
     assert (r.kind, r.ops) == (kind, ops)
     assert str(r).startswith("Vela (ethos-u55-64): ")
+
+
+def test_memory_modes_are_those_of_vela_ini_the_accelerator_takes():
+    from qlower.backends.ethosu.vela import memory_modes
+
+    u55, u85 = memory_modes("ethos-u55-128"), memory_modes("ethos-u85-256")
+    assert {"Sram_Only", "Shared_Sram"} <= set(u55) and not any(m.startswith("Dedicated") for m in u55)
+    assert {"Sram_Only", "Shared_Sram", "Dedicated_Sram_384KB"} <= set(u85)

@@ -152,6 +152,20 @@ def vela_config(accelerator: str, system_config: str | None = None, memory_mode:
                       int(arch.ncores), int(arch.arena_cache_size), float(arch.core_clock), ini_text)
 
 
+def memory_modes(accelerator: str) -> list[str]:
+    """The memory modes of Vela's vela.ini that Vela accepts for ``accelerator`` with its default
+    system config (ethos-u55 has no dedicated SRAM)."""
+    modes = re.findall(r"^\[Memory_Mode\.(\w+)\]", vela_config(accelerator).ini_text, re.MULTILINE)
+    usable = []
+    for mode in modes:
+        try:
+            vela_config(accelerator, None, mode)
+        except CompileError:
+            continue
+        usable.append(mode)
+    return usable
+
+
 # -- rejections ------------------------------------------------------------------------------
 
 class VelaRejection(CompileError):
