@@ -213,7 +213,10 @@ class EthosUBackend(TosaConsumer):
         }
         # the total is what the device spends: NPU work plus the time it waits on memory
         total, npu = result.perf["total_cycles"], result.perf["npu_cycles"]
-        meta["summary"] = (f"Vela ({config.system_config} / {config.memory_mode}): {total:,} total cycles "
+        family = "-".join(target.split("-")[:2])
+        chosen = ("the defaults for " + family if self.system_config is None and self.memory_mode is None
+                  else "as chosen")
+        meta["summary"] = (f"Vela ({config.system_config} / {config.memory_mode}, {chosen}): {total:,} total cycles "
                            f"({npu:,} NPU, {max(total - npu, 0):,} waiting on memory), "
                            f"{1e3 * result.perf['inference_seconds']:.2f} ms at {config.core_clock / 1e6:g} MHz "
                            f"(estimates); runs here {EXECUTION}")
