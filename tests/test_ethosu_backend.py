@@ -438,7 +438,7 @@ def test_a_global_mean_takes_the_form_vela_runs_fastest(target, pooled):
     (mean,) = global_means(prog.frontend.graph)
     out = prog.frontend.graph.users()[mean.pool.result][0].attrs["out"]
     config = EthosUBackend().config(target)
-    costs = [_cycles(mean.widen.operands[0].type, out, form, config) for form in (True, False)]
+    costs = [_cycles(mean.widen.operands[0].type, mean.widen.attrs["out"], out, form, config) for form in (True, False)]
     assert (costs[0] <= costs[1]) == pooled, costs
     np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x.numpy()])[0])
     report = qlower.verify(model, (x,), target=target, calibration=calibration, progress=False)

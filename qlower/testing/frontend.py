@@ -77,11 +77,10 @@ def fake_quant_agreement(result, batches: Sequence[Sequence[torch.Tensor]],
     ``reference`` over ``batches``; the statistics count the elements of every batch's rows, so an
     exact share is exact elements over all elements compared. ``outputs``: the model outputs to count
     (default all). Fails unless MIN_COUNTERPART_SHARE of the layers found their PyTorch counterpart."""
-    from qlower.partition import float_fallbacks
-    from qlower.program import Program
+    from qlower.api import lower_graph  # the testing helpers sit above the API
 
     graph = result.graph
-    program = Program("reference", graph, graph, decisions=float_fallbacks(graph))
+    program = lower_graph(graph, "reference")
     program.frontend = result
     reports = [run_stages(program, tuple(b)) for b in batches]
     size = {v.name: int(np.prod(v.shape, dtype=np.int64)) for op in graph.ops for v in op.results}

@@ -57,32 +57,34 @@ def sum_form(b: GraphBuilder, x: Value, count: int) -> Value:
     return b.op("mul", total, ones)
 
 
-def _alone(x_type: TensorType, out: QuantSpec, pooled: bool) -> Graph:
-    """One mean of an int8 map requantized to ``out``, in either form."""
+def _alone(x_type: TensorType, wide: QuantSpec, out: QuantSpec, pooled: bool) -> Graph:
+    """One mean of an int8 map requantized to ``out``, in either form (``wide``: the pool's
+    widened codes, as the frontend chose them)."""
     b = GraphBuilder("mean")
     x = b.input("x", x_type)
     n, h, w, c = x_type.shape
     if pooled:
-        wide = b.op("rescale", x, out=QuantSpec.per_tensor(x_type.quant.scale[0] / 128, 0, DType.INT16))
-        v = b.op("avg_pool2d", wide, kernel=(h, w), stride=(h, w))
+        v = b.op("avg_pool2d", b.op("rescale", x, out=wide), kernel=(h, w), stride=(h, w))
     else:
         v = sum_form(b, x, h * w)
     return b.build([b.op("rescale", v, out=out)])
 
 
 @functools.lru_cache(maxsize=256)
-def _cycles(x_type: TensorType, out: QuantSpec, pooled: bool, config: VelaConfig) -> int | None:
+def _cycles(x_type: TensorType, wide: QuantSpec, out: QuantSpec, pooled: bool, config: VelaConfig) -> int | None:
     from qlower.backends.ethosu.backend import _lower_unvalidated
 
     try:
-        tosa, _ = _lower_unvalidated(_alone(x_type, out, pooled))
+        tosa, _ = _lower_unvalidated(_alone(x_type, wide, out, pooled))
         return int(compile_tosa(tosa, config).perf["total_cycles"])
     except QlowerError:
         return None
 
 
-def pool_is_cheaper(x_type: TensorType, out: QuantSpec, config: VelaConfig) -> bool:
-    pooled, summed = _cycles(x_type, out, True, config), _cycles(x_type, out, False, config)
+def pool_is_cheaper(mean: GlobalMean, out: QuantSpec, config: VelaConfig) -> bool:
+    """Whether Vela estimates ``mean`` (requantized to ``out``) cheaper as its pool than as a sum."""
+    x_type, wide = mean.widen.operands[0].type, mean.widen.attrs["out"]
+    pooled, summed = (_cycles(x_type, wide, out, form, config) for form in (True, False))
     return summed is None or (pooled is not None and pooled <= summed)
 
 
@@ -93,12 +95,12 @@ def cheapest_means(graph: Graph, config: VelaConfig) -> Graph:
     for m in global_means(graph):
         readers = users.get(m.pool.result, [])
         out = readers[0].attrs["out"] if len(readers) == 1 and readers[0].kind == "rescale" else None
-        if out is not None and not pool_is_cheaper(m.widen.operands[0].type, out, config):
+        if out is not None and not pool_is_cheaper(m, out, config):
             swap[m.widen] = m
     if not swap:
         return graph
-    pools = {m.pool: m for m in swap.values()}
-    summed: dict[Op, Value] = {}
+    pools = {m.pool for m in swap.values()}
+    summed: dict[Op, Value] = {}   # pool -> the sum that replaces it
 
     def rewrite(b: GraphBuilder, op: Op, operands) -> tuple[Value, ...] | None:
         if op in swap:   # the sum stands in for the widened codes, read by the pool only
