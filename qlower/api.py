@@ -1,4 +1,4 @@
-"""The public entry points: ``compile`` and ``verify``."""
+"""The public entry points: ``compile``, ``verify`` and ``evaluate``."""
 
 from __future__ import annotations
 
@@ -85,3 +85,18 @@ def verify(model: Any, example_inputs: Sequence[Any], target: str = "reference",
     prog = compile(model, example_inputs, target, quant, calibration, progress=progress, trace=True,
                    backend_options=backend_options)
     return verify_program(prog, list(inputs) if inputs is not None else [tuple(example_inputs)])
+
+
+def evaluate(model: Any, example_inputs: Sequence[Any], data: Any, target: str = "reference",
+             quant: QuantConfig | None = DEFAULT_QUANT, calibration: Sequence[Sequence[Any]] | None = None,
+             *, limit: int | None = None, progress: bool = True, backend_options: dict[str, Any] | None = None):
+    """Compile for ``target`` and measure top-1 accuracy on labelled ``data`` = ``(inputs, labels)``
+    (e.g. ``zoo.held_out(name)``; inputs ``[N, ...]``, one per label): the float model's, the fake-quant
+    model's and the program's, and how often the program picks what fake-quant picks. Returns an
+    ``AccuracyReport`` (``print`` it); ``limit`` measures the first ``limit`` inputs only."""
+    from qlower.verification.accuracy import labelled, measure_accuracy
+
+    labelled(data)  # a malformed data set fails now, not after the compile
+    prog = compile(model, example_inputs, target, quant, calibration, progress=progress,
+                   backend_options=backend_options)
+    return measure_accuracy(prog, data, limit=limit, progress=progress)

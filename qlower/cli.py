@@ -38,14 +38,19 @@ def say(*parts: object, file=None) -> None:
     print(printable(" ".join(str(p) for p in parts)), file=file or sys.stdout)
 
 
-def _load_model(spec: str, size: int | None):
+def _load_model(spec: str, size: int | None, trained: bool = False):
     """``zoo:NAME`` or ``path/to/file.py:factory`` → (model, example_inputs, quant, calibration)."""
     if spec.startswith("zoo:"):
         from qlower import zoo
 
         if spec[4:] not in zoo.names():
             raise UsageError(f"unknown zoo model {spec[4:]!r}; `qlower zoo` lists them")
-        return zoo.get(spec[4:], size=size)
+        if trained and spec[4:] not in zoo.trained_names():
+            raise UsageError(f"zoo model {spec[4:]!r} has no trained weights; trained models: "
+                             f"{', '.join(zoo.trained_names())}")
+        return zoo.get(spec[4:], size=size, trained=trained)
+    if trained:
+        raise UsageError("--trained applies to zoo:NAME models only")
     path, _, factory = spec.rpartition(":")
     if not path or not factory:
         raise UsageError(f"{spec!r} is neither zoo:NAME nor FILE.py:FACTORY")
@@ -77,7 +82,9 @@ def cmd_zoo(args) -> int:
     from qlower import zoo
 
     for name in zoo.names():
-        say(f"{name:22s} {zoo.describe(name)}")
+        recipe = zoo.trained.RECIPES.get(name)
+        trained = f" [--trained: {recipe.description}, trained on digits 3x32x32 → 10]" if recipe else ""
+        say(f"{name:22s} {zoo.describe(name)}{trained}")
     return 0
 
 
@@ -100,7 +107,7 @@ def _options(pairs: list[str]) -> dict[str, object]:
 
 
 def cmd_verify(args) -> int:
-    model, example, quant, calib = _load_model(args.model, args.size)
+    model, example, quant, calib = _load_model(args.model, args.size, args.trained)
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
                           verify_passes=args.verify_passes, trace=True, backend_options=_options(args.option))
     from qlower.verification import verify_program
@@ -117,7 +124,7 @@ def cmd_verify(args) -> int:
 def cmd_compile(args) -> int:
     if args.format == "tflite" and not args.output:
         raise UsageError("--format tflite needs -o FILE.tflite")
-    model, example, quant, calib = _load_model(args.model, args.size)
+    model, example, quant, calib = _load_model(args.model, args.size, args.trained)
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
                           verify_passes=args.verify_passes, backend_options=_options(args.option))
     say(prog.explain())
@@ -167,6 +174,28 @@ def cmd_run(args) -> int:
             np.savez(buf, *outs)
         write_atomically(args.output, buf.getvalue())
         say(f"wrote {args.output} ({'.npy' if len(outs) == 1 else f'.npz of {len(outs)} arrays'})")
+    return 0
+
+
+def cmd_accuracy(args) -> int:
+    """A trained zoo model's top-1 accuracy on its held-out split: fp32, fake-quant and the target."""
+    from qlower import zoo
+    from qlower.verification.accuracy import measure_accuracy
+
+    if not args.model.startswith("zoo:"):
+        raise UsageError(f"accuracy takes a trained zoo model (zoo:NAME, one of {', '.join(zoo.trained_names())}), "
+                         f"got {args.model!r}; from Python, qlower.evaluate(model, example_inputs, (inputs, labels)) "
+                         "measures any model")
+    if args.limit is not None and args.limit < 1:
+        raise UsageError(f"--limit must be at least 1, got {args.limit}")
+    name = args.model[4:]
+    model, example, quant, calib = _load_model(args.model, None, trained=True)
+    prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
+                          backend_options=_options(args.option))
+    report = measure_accuracy(prog, zoo.held_out(name), limit=args.limit, label=f"{name}, trained on digits")
+    say(report.table())
+    if args.json:
+        Path(args.json).write_text(report.to_json())
     return 0
 
 
@@ -220,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         c.add_argument("--verify-passes", action="store_true", help="run the IR verifier after every pass")
         c.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                        help="a backend option, e.g. system_config=Ethos_U85_SYS_DRAM_High (repeat for several)")
+        c.add_argument("--trained", action="store_true",
+                       help="the zoo model's trained weights (digits at 32x32; see `qlower zoo`)")
         if name == "verify":
             c.add_argument("--json", help="also write the report as JSON")
             c.add_argument("--html", help="also write the HTML report (per-layer error plot, partitioning)")
@@ -230,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
                                 "model for LiteRT (compile for --target litert to match its kernels)")
             c.add_argument("--artifacts", help="also export the backends' files (e.g. .tosa) to this directory")
         c.set_defaults(fn=fn)
+    a = sub.add_parser("accuracy", help="a trained zoo model's accuracy: fp32, fake-quant and the target's")
+    a.add_argument("model", help="zoo:NAME, a model with trained weights")
+    a.add_argument("--target", default="cpu")
+    a.add_argument("--limit", type=int, default=None, help="measure the first N held-out inputs only")
+    a.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a backend option")
+    a.add_argument("--json", help="also write the result as JSON")
+    a.set_defaults(fn=cmd_accuracy)
     r = sub.add_parser("run", help="run a program file on .npy inputs")
     r.add_argument("program")
     r.add_argument("--input", action="append", default=[], help="an input as .npy (repeat for several)")

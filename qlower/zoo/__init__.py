@@ -8,6 +8,11 @@ with, and a few calibration input tuples of the same shapes as the example.
 unchanged); models with a fixed input shape reject it. Weights are random with
 a fixed seed (BatchNorm statistics estimated on random inputs), except
 ``digits_cnn``, which is trained on scikit-learn's digits and cached.
+
+``get(name, trained=True)`` gives a trained, narrow version of ``mobilenet_v2``,
+``resnet18``, ``timm_vit_tiny`` or ``mobilenet_v3_small`` instead (digits at
+3x32x32, 10 classes; ``trained_names()`` lists them), and ``held_out(name)``
+the labelled images to measure its accuracy on.
 """
 
 from __future__ import annotations
@@ -26,13 +31,16 @@ from qlower.zoo import (
     mobilevit,
     resnet,
     scenarios,
+    trained,
     unet,
     vit,
     vit_tiny,
 )
 from qlower.zoo._common import ZooModel
+from qlower.zoo.trained import LabelledData, held_out
+from qlower.zoo.trained import build as build_trained
 
-__all__ = ["ZooModel", "default_size", "describe", "get", "names"]
+__all__ = ["LabelledData", "ZooModel", "default_size", "describe", "get", "held_out", "names", "trained_names"]
 
 
 @dataclass(frozen=True)
@@ -126,10 +134,21 @@ def default_size(name: str) -> int | None:
     return _entry(name).default_size
 
 
-def get(name: str, size: int | None = None) -> ZooModel:
+def trained_names() -> list[str]:
+    """The models ``get(name, trained=True)`` takes."""
+    return trained.names()
+
+
+def get(name: str, size: int | None = None, trained: bool = False) -> ZooModel:
     """Build ``name``: ``(model, example_inputs, quant_config, calibration_batches)``.
 
     ``size`` (image models only) sets the square input resolution, e.g. 32 for
-    fast tests. Raises ValueError for an unknown name or an unusable size.
+    fast tests. ``trained=True``: the trained version (see ``trained_names()``;
+    trained once and cached), calibrated on training images. Raises ValueError
+    for an unknown name, an unusable size, or a model without trained weights.
     """
-    return _entry(name).build(size)
+    entry = _entry(name)
+    if trained:
+        return build_trained(name, size)
+    return entry.build(size)
+

@@ -132,6 +132,12 @@ def fit_bn_stats_in_eval(model: nn.Module, batches: Sequence[InputTuple]) -> nn.
     return model
 
 
+def make_divisible(value: float, divisor: int = 8) -> int:
+    """Round a channel count to a multiple of ``divisor``, never more than 10% below ``value``."""
+    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
+    return rounded + divisor if rounded < 0.9 * value else rounded
+
+
 def check_size(name: str, size: int | None, default: int, minimum: int) -> int:
     """Resolve an image model's ``size`` argument, rejecting sizes the architecture can't take."""
     if size is None:

@@ -10,17 +10,16 @@ retrained and overwritten. Writes are atomic, so concurrent test workers are saf
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 
 from qlower.frontend.config import QuantConfig
-from qlower.zoo._common import ZooModel, generator, seeded
+from qlower.zoo._common import ZooModel
+from qlower.zoo.training import fit
+from qlower.zoo.weights_cache import cache_dir, cached_or_trained, load_cached
 
 SEED = 505
 CACHE_VERSION = 1
@@ -67,12 +66,6 @@ def dataset() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return x[idx_train], y[idx_train], x[idx_test], y[idx_test]
 
 
-def cache_dir() -> Path:
-    """``$QLOWER_CACHE_DIR`` if set, else ``~/.cache/qlower`` (the cache of the native kernels too)."""
-    env = os.environ.get("QLOWER_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "qlower"
-
-
 def cache_path() -> Path:
     """Where the trained weights live (versioned file name)."""
     return cache_dir() / f"digits_cnn-v{CACHE_VERSION}.safetensors"
@@ -80,56 +73,17 @@ def cache_path() -> Path:
 
 def train(x_train: torch.Tensor, y_train: torch.Tensor) -> DigitsCNN:
     """Train a fresh DigitsCNN with Adam; deterministic shuffling from ``SEED``."""
-    with seeded(SEED):
-        model = DigitsCNN()
-    g = generator(SEED + 1)
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, EPOCHS)
-    model.train()
-    for _ in range(EPOCHS):
-        order = torch.randperm(len(y_train), generator=g)
-        for start in range(0, len(order), BATCH):
-            batch = order[start : start + BATCH]
-            opt.zero_grad()
-            F.cross_entropy(model(x_train[batch]), y_train[batch]).backward()
-            opt.step()
-        sched.step()
-    return model.eval()
-
-
-def _save_atomic(state: dict[str, torch.Tensor], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file({k: v.contiguous() for k, v in state.items()}, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    return fit(DigitsCNN, x_train, y_train, seed=SEED, epochs=EPOCHS, lr=3e-3, batch=BATCH)
 
 
 def _load_cached(path: Path) -> DigitsCNN | None:
     """The cached model, or None if there is no usable cache file."""
-    if not path.is_file():
-        return None
-    model = DigitsCNN()
-    try:
-        model.load_state_dict(load_file(path), strict=True)
-    except Exception:  # corrupt or mismatched file: retrain instead of failing
-        return None
-    return model.eval()
+    return load_cached(DigitsCNN, path)
 
 
 def trained_model() -> DigitsCNN:
     """The trained DigitsCNN: from the cache if present, else trained now and cached."""
-    path = cache_path()
-    model = _load_cached(path)
-    if model is None:
-        x_train, y_train, _, _ = dataset()
-        model = train(x_train, y_train)
-        _save_atomic(model.state_dict(), path)
-    return model
+    return cached_or_trained(DigitsCNN, cache_path(), lambda: train(*dataset()[:2]))
 
 
 def build(size: int | None = None) -> ZooModel:

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qlower.zoo._common import ZooModel, check_size, random_image_classifier
+from qlower.zoo._common import ZooModel, check_size, make_divisible, random_image_classifier
 
 DEFAULT_SIZE = 224
 MIN_SIZE = 32
@@ -64,19 +64,21 @@ class InvertedResidual(nn.Module):
 
 
 class MobileNetV2(nn.Module):
-    """Input ``[N, 3, S, S]`` → logits ``[N, num_classes]``."""
+    """Input ``[N, 3, S, S]`` → logits ``[N, num_classes]``; ``width`` scales every channel count but the last."""
 
-    def __init__(self, num_classes: int = 1000) -> None:
+    def __init__(self, num_classes: int = 1000, width: float = 1.0) -> None:
         super().__init__()
-        cin = 32
+        cin = make_divisible(32 * width)
         layers: list[nn.Module] = [ConvBNReLU6(3, cin, stride=2)]
         for t, c, n, s in INVERTED_RESIDUAL_SETTING:
+            c = make_divisible(c * width)
             for i in range(n):
                 layers.append(InvertedResidual(cin, c, s if i == 0 else 1, t))
                 cin = c
-        layers.append(ConvBNReLU6(cin, 1280, kernel=1))
+        last = make_divisible(1280 * max(1.0, width))  # the paper keeps 1280 features below width 1
+        layers.append(ConvBNReLU6(cin, last, kernel=1))
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Linear(1280, num_classes)
+        self.classifier = nn.Linear(last, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.features(x)

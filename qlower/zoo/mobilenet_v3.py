@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qlower.zoo._common import ZooModel, check_size, fit_bn_stats_in_eval, random_image_classifier
+from qlower.zoo._common import ZooModel, check_size, fit_bn_stats_in_eval, make_divisible, random_image_classifier
 
 DEFAULT_SIZE = 224
 MIN_SIZE = 32
@@ -34,12 +34,6 @@ BLOCKS: tuple[tuple[int, int, int, bool, str, int], ...] = (
     (5, 576, 96, True, "hardswish", 1),
     (5, 576, 96, True, "hardswish", 1),
 )
-
-
-def make_divisible(value: float, divisor: int = 8) -> int:
-    """Round a channel count to a multiple of ``divisor``, never more than 10% below ``value``."""
-    rounded = max(divisor, int(value + divisor / 2) // divisor * divisor)
-    return rounded + divisor if rounded < 0.9 * value else rounded
 
 
 def _activation(name: str) -> nn.Module:

@@ -37,19 +37,19 @@ class BasicBlock(nn.Module):
 
 
 class ResNet18(nn.Module):
-    """Input ``[N, 3, S, S]`` → logits ``[N, num_classes]``."""
+    """Input ``[N, 3, S, S]`` → logits ``[N, num_classes]``; ``width`` channels in the first stage (64 in the paper)."""
 
-    def __init__(self, num_classes: int = 1000) -> None:
+    def __init__(self, num_classes: int = 1000, width: int = 64) -> None:
         super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
+        self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
         stages: list[nn.Module] = []
-        cin = 64
-        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        cin = width
+        for cout, stride in ((width, 1), (2 * width, 2), (4 * width, 2), (8 * width, 2)):
             stages.append(nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)))
             cin = cout
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
-        self.fc = nn.Linear(512, num_classes)
+        self.fc = nn.Linear(8 * width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = F.relu(self.bn1(self.conv1(x)))

@@ -1,0 +1,121 @@
+"""Accuracy on labelled data: the float model, the fake-quant model and the compiled program, image by image.
+
+The three are run on the same images one at a time (a program, like the
+fake-quant graph, is specialised to the example inputs' batch of 1) and
+scored by top-1 against the labels. ``agreement`` is how often the program
+picks what the fake-quant model picks: the part of an accuracy change that
+the lowering, not the quantization, is responsible for.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from qlower.errors import InputError
+from qlower.progress import progress_bar
+
+
+@dataclass(frozen=True)
+class AccuracyReport:
+    """Top-1 accuracies in [0, 1] on ``images`` labelled inputs; ``fake_quant`` and ``agreement`` are None
+    for a program compiled in float; ``cycles`` is Vela's total estimate for Ethos-U targets, else None."""
+
+    target: str
+    images: int
+    fp32: float
+    fake_quant: float | None
+    program: float
+    agreement: float | None
+    cycles: int | None = None
+    label: str = ""
+
+    def table(self) -> str:
+        def pct(x: float | None) -> str:
+            return "—" if x is None else f"{100 * x:.2f}%"
+
+        lines = [f"accuracy on {self.images} held-out inputs{f' ({self.label})' if self.label else ''}",
+                 f"  fp32                  {pct(self.fp32)}",
+                 f"  fake-quant (PyTorch)  {pct(self.fake_quant)}",
+                 f"  {self.target:21s} {pct(self.program)}"]
+        if self.agreement is not None:
+            lines.append(f"  top-1 same as fake-quant on {pct(self.agreement)} of the inputs")
+        if self.cycles is not None:
+            lines.append(f"  Vela estimate: {self.cycles:,} total cycles per inference")
+        return "\n".join(lines)
+
+    __str__ = table
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+
+def labelled(data: object) -> tuple[tuple[torch.Tensor, ...], np.ndarray]:
+    """``(inputs, labels)`` (a ``zoo.LabelledData`` or any pair) → (input tensors ``[N, ...]``, int labels ``[N]``)."""
+    try:
+        inputs, labels = data
+    except (TypeError, ValueError):
+        raise InputError("data must be a pair (inputs, labels), e.g. zoo.held_out(name)") from None
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor | np.ndarray) else tuple(inputs)
+    inputs = tuple(torch.as_tensor(x) for x in inputs)
+    labels = np.asarray(labels)
+    if labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise InputError(f"labels must be a 1-D integer array, got {labels.dtype}{list(labels.shape)}")
+    for i, x in enumerate(inputs):
+        if x.ndim == 0 or x.shape[0] != len(labels):
+            raise InputError(f"input {i} has shape {list(x.shape)}; expected {len(labels)} inputs along dim 0, "
+                             "one per label")
+    if len(labels) == 0:
+        raise InputError("data holds no inputs")
+    return inputs, labels
+
+
+def first_output(result: object) -> object:
+    """A model's (first) output: models return a tensor or a tuple/list of them."""
+    return result[0] if isinstance(result, tuple | list) else result
+
+
+def top1(output: object) -> int:
+    return int(np.argmax(np.asarray(output).reshape(-1)))
+
+
+def total_cycles(program) -> int | None:
+    """Vela's total cycle estimate over the program's NPU partitions, or None when it has none."""
+    perf = [p.payload.meta["perf"] for p in program.partitions if "perf" in p.payload.meta]
+    return sum(int(p["total_cycles"]) for p in perf) if perf else None
+
+
+@torch.no_grad()
+def measure_accuracy(program, data: object, *, limit: int | None = None, progress: bool = True,
+                     label: str = "") -> AccuracyReport:
+    """Top-1 accuracy of ``program`` on ``data`` (its first ``limit`` inputs), beside its float and
+    fake-quant models. The program must come from ``qlower.compile`` in this process (a loaded
+    program has neither model)."""
+    front = getattr(program, "frontend", None)
+    if front is None:
+        raise InputError("measure_accuracy needs a program from qlower.compile (a loaded program file keeps "
+                         "neither the float nor the fake-quant model)")
+    inputs, labels = labelled(data)
+    count = len(labels) if limit is None else min(int(limit), len(labels))
+    picks = np.zeros((3, count), dtype=np.int64)
+    models = (front.float_model, front.fake_quant)
+    with progress_bar(progress, total=count, desc=f"evaluating on {program.target}", unit="input") as bar:
+        for i in range(count):
+            x = tuple(t[i:i + 1] for t in inputs)
+            for row, model in enumerate(models):
+                if model is not None:
+                    picks[row, i] = top1(first_output(model(*x)))
+            picks[2, i] = top1(program.run(*x)[0])
+            bar.update()
+    truth = labels[:count]
+    quantized = front.fake_quant is not None
+    return AccuracyReport(
+        target=program.target, images=count, fp32=float(np.mean(picks[0] == truth)),
+        fake_quant=float(np.mean(picks[1] == truth)) if quantized else None,
+        program=float(np.mean(picks[2] == truth)),
+        agreement=float(np.mean(picks[2] == picks[1])) if quantized else None,
+        cycles=total_cycles(program), label=label)
+
