@@ -1,4 +1,4 @@
-"""The public entry points: ``compile``, ``verify`` and ``evaluate``."""
+"""The public entry points: ``compile``, ``verify``, ``evaluate`` and ``sensitivity``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from qlower.backends.registry import backend_for, check_target
 from qlower.backends.threads import check_threads
+from qlower.errors import ConfigError
 from qlower.frontend.config import QuantConfig
 from qlower.ir import Graph
 from qlower.program import Program
@@ -100,3 +101,38 @@ def evaluate(model: Any, example_inputs: Sequence[Any], data: Any, target: str =
     prog = compile(model, example_inputs, target, quant, calibration, progress=progress,
                    backend_options=backend_options)
     return measure_accuracy(prog, data, limit=limit, progress=progress)
+
+
+def sensitivity(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | None = DEFAULT_QUANT,
+                calibration: Sequence[Sequence[Any]] | None = None, data: Any = None, *,
+                limit: int | None = None, progress: bool = True):
+    """Per layer, the model's output SQNR (and top-1 accuracy when ``data = (inputs, labels)`` is given)
+    with only that layer quantized to int8, ranked most sensitive first: a ``SensitivityReport``
+    (``print`` it, ``.plot(path)``, ``.most_sensitive(k)``). Quantization is ``compile``'s, calibrated on
+    ``calibration``; measured on ``data``'s inputs (the first ``limit``) or else on the calibration batches."""
+    from qlower.frontend.arguments import check_calibration, check_example_inputs, check_model, check_quant
+    from qlower.frontend.capture import capture
+    from qlower.verification.accuracy import labelled
+    from qlower.verification.sensitivity import batch_agnostic, chunks, measure_sensitivity
+
+    model, quant = check_model(model), check_quant(quant)
+    if quant is None or quant.mode != "static":
+        raise ConfigError("sensitivity measures static int8 quantization: pass a QuantConfig(mode='static')")
+    example_inputs = check_example_inputs(example_inputs)
+    calibration = check_calibration(calibration if calibration is not None else [example_inputs], example_inputs)
+    if data is not None:
+        inputs, labels = labelled(data)
+        count = len(labels) if limit is None else max(1, min(int(limit), len(labels)))
+        batches, labels = [tuple(x[i:i + 1] for x in inputs) for i in range(count)], labels[:count]
+    else:
+        batches, labels = [tuple(b) for b in calibration][:limit], None
+    # Min/max observers see the same values whether the calibration batches come one by one or stacked:
+    # a batch-agnostic model is calibrated in one forward and measured len(calibration) inputs at a time.
+    batch = len(calibration) if len(calibration) > 1 and batch_agnostic(model, calibration) else 1
+    if batch > 1:
+        stacked = chunks(calibration, batch)[0]
+        captured = capture(model, stacked, quant, [stacked], progress=progress, fold_weights=False)
+    else:
+        captured = capture(model, example_inputs, quant, calibration, progress=progress, fold_weights=False)
+    return measure_sensitivity(captured.graph_module, batches, labels, batch=batch, progress=progress,
+                               model=type(model).__name__)

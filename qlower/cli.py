@@ -199,6 +199,22 @@ def cmd_accuracy(args) -> int:
     return 0
 
 
+def cmd_sensitivity(args) -> int:
+    """Each layer alone in int8, ranked by output SQNR (and accuracy, for trained zoo models)."""
+    from qlower import zoo
+
+    trained = args.model.startswith("zoo:") and args.model[4:] in zoo.trained_names()
+    model, example, quant, calib = _load_model(args.model, args.size if not trained else None, trained)
+    data = zoo.held_out(args.model[4:]) if trained else None
+    report = qlower.sensitivity(model, example, quant, calib, data, limit=args.limit)
+    say(report.table(args.top))
+    if args.plot:
+        say(f"plot: {report.plot(args.plot)}")
+    if args.json:
+        Path(args.json).write_text(report.to_json())
+    return 0
+
+
 def cmd_inspect(args) -> int:
     from qlower.program.fileformat import inspect_program
 
@@ -268,6 +284,14 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a backend option")
     a.add_argument("--json", help="also write the result as JSON")
     a.set_defaults(fn=cmd_accuracy)
+    sens = sub.add_parser("sensitivity", help="rank the layers by what int8 costs each alone (output SQNR, accuracy)")
+    sens.add_argument("model", help="zoo:NAME (trained weights and held-out digits when it has them) or FILE.py:FACTORY")
+    sens.add_argument("--size", type=int, default=None, help="input size for untrained image models")
+    sens.add_argument("--limit", type=int, default=None, help="measure on the first N held-out inputs only")
+    sens.add_argument("--top", type=int, default=20, help="rows to print (default 20)")
+    sens.add_argument("--plot", help="also draw the ranking as a PNG bar chart")
+    sens.add_argument("--json", help="also write the ranking as JSON")
+    sens.set_defaults(fn=cmd_sensitivity)
     r = sub.add_parser("run", help="run a program file on .npy inputs")
     r.add_argument("program")
     r.add_argument("--input", action="append", default=[], help="an input as .npy (repeat for several)")

@@ -101,11 +101,14 @@ def _reject_unfolded_batch_norm(gm: GraphModule) -> None:
 
 
 def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig | None,
-            calibration: Iterable[object] | None, progress: bool = True) -> Captured:
+            calibration: Iterable[object] | None, progress: bool = True, fold_weights: bool = True) -> Captured:
     """Export ``model`` (put in eval mode) and, when ``quant`` is given, quantize it with PT2E.
 
     Calibration runs every batch through the prepared model; it is needed in
     dynamic mode too (weight observers only see the weights during a forward).
+    ``fold_weights=False`` leaves each weight as ``dequantize(quantize(float weight))``
+    (same values; what the importer reads is folded): sensitivity analysis
+    switches quantization points off one by one, weights included.
     """
     model = model.eval()
     if quant is None:
@@ -117,11 +120,11 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Qua
                          "pass e.g. [example_inputs]")
     # one bar over the whole of PT2E, its slowest stage: export, prepare, each batch, convert
     with progress_bar(progress, total=len(batches) + 3, desc="quantizing: export", unit="step") as bar:
-        return _quantize(model, example_inputs, quant, batches, bar)
+        return _quantize(model, example_inputs, quant, batches, bar, fold_weights)
 
 
 def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig,
-              batches: list[tuple], bar: tqdm) -> Captured:
+              batches: list[tuple], bar: tqdm, fold_weights: bool = True) -> Captured:
     gm = export_module(model, example_inputs, static=quant.mode == "static")
     bar.update()
     with warnings.catch_warnings():
@@ -147,7 +150,7 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
                 prepared(*batch)
                 bar.update()
         bar.set_description("quantizing: convert")
-        converted = convert_pt2e(prepared, fold_quantize=True)
+        converted = convert_pt2e(prepared, fold_quantize=fold_weights)
         bar.update()
         bar.set_description("quantized")
     return Captured(model, float_graph, converted, quantized=True)
