@@ -61,15 +61,32 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
     example_inputs = check_example_inputs(example_inputs)
     calibration = check_calibration(calibration if calibration is not None else [example_inputs], example_inputs)
     t0 = time.perf_counter()
+    promoted = []
+    if quant is not None and quant.auto_int16:
+        quant, promoted = promote_sensitive_layers(model, example_inputs, quant, calibration, progress)
     front = capture_and_import(model, example_inputs, quant, calibration, progress=progress)
     t1 = time.perf_counter()
     graph = default_pipeline(verify=verify_passes).run(front.graph)
     t2 = time.perf_counter()
     prog = lower_graph(graph, target, threads, trace=trace, backend_options=backend_options, progress=progress,
                        meta={"quant": None if quant is None else quant.mode,
-                             "frontend_seconds": round(t1 - t0, 4), "passes_seconds": round(t2 - t1, 4)})
+                             "frontend_seconds": round(t1 - t0, 4), "passes_seconds": round(t2 - t1, 4),
+                             **({"auto_int16": promoted} if promoted else {})})
     prog.frontend = front
     return prog
+
+
+def promote_sensitive_layers(model: Any, example_inputs: tuple, quant: QuantConfig, calibration: list,
+                             progress: bool) -> tuple[QuantConfig, list[str]]:
+    """``quant`` with its ``auto_int16`` most int8-sensitive layers (measured on the calibration batches)
+    added to ``layer_dtypes`` as int16; layers the user set already keep the user's choice."""
+    from dataclasses import replace
+
+    plain = replace(quant, auto_int16=0)
+    report = sensitivity(model, example_inputs, plain, calibration, progress=progress)
+    ranked = [name for name in report.most_sensitive(len(report.layers)) if name != "input"]
+    promoted = [name for name in dict.fromkeys(ranked) if name not in quant.layer_dtypes][:quant.auto_int16]
+    return replace(plain, layer_dtypes={**{name: "int16" for name in promoted}, **quant.layer_dtypes}), promoted
 
 
 def verify(model: Any, example_inputs: Sequence[Any], target: str = "reference",

@@ -179,8 +179,10 @@ def cmd_run(args) -> int:
 
 def cmd_accuracy(args) -> int:
     """A trained zoo model's top-1 accuracy on its held-out split: fp32, fake-quant and the target."""
+    from dataclasses import replace
+
     from qlower import zoo
-    from qlower.verification.accuracy import measure_accuracy
+    from qlower.verification.accuracy import comparison_table, measure_accuracy
 
     if not args.model.startswith("zoo:"):
         raise UsageError(f"accuracy takes a trained zoo model (zoo:NAME, one of {', '.join(zoo.trained_names())}), "
@@ -188,14 +190,26 @@ def cmd_accuracy(args) -> int:
                          "measures any model")
     if args.limit is not None and args.limit < 1:
         raise UsageError(f"--limit must be at least 1, got {args.limit}")
+    if args.auto_int16 is not None and args.auto_int16 < 1:
+        raise UsageError(f"--auto-int16 must be at least 1, got {args.auto_int16}")
     name = args.model[4:]
     model, example, quant, calib = _load_model(args.model, None, trained=True)
-    prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
-                          backend_options=_options(args.option))
-    report = measure_accuracy(prog, zoo.held_out(name), limit=args.limit, label=f"{name}, trained on digits")
-    say(report.table())
+    configs = [("int8", quant)]
+    if args.act_dtype == "int16":
+        configs.append(("A16W8 (int16 activations)", replace(quant, act_dtype="int16")))
+    if args.auto_int16:
+        configs.append((f"auto_int16={args.auto_int16}", replace(quant, auto_int16=args.auto_int16)))
+    reports = []
+    for label, config in configs:
+        prog = qlower.compile(model, example, target=args.target, quant=config, calibration=calib,
+                              backend_options=_options(args.option))
+        promoted = prog.meta.get("auto_int16")
+        reports.append(measure_accuracy(prog, zoo.held_out(name), limit=args.limit, label=label,
+                                        detail=f"int16: {', '.join(promoted)}" if promoted else ""))
+    say(f"{name}, trained on digits")
+    say(reports[0].table() if len(reports) == 1 else comparison_table(reports))
     if args.json:
-        Path(args.json).write_text(report.to_json())
+        Path(args.json).write_text(json.dumps([json.loads(r.to_json()) for r in reports], indent=2))
     return 0
 
 
@@ -282,7 +296,11 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--target", default="cpu")
     a.add_argument("--limit", type=int, default=None, help="measure the first N held-out inputs only")
     a.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="a backend option")
-    a.add_argument("--json", help="also write the result as JSON")
+    a.add_argument("--act-dtype", choices=("int8", "int16"), default="int8",
+                   help="int16: also measure A16W8 (int16 activations, int8 weights) beside int8")
+    a.add_argument("--auto-int16", type=int, default=None, metavar="K",
+                   help="also measure int8 with its K most int8-sensitive layers in int16")
+    a.add_argument("--json", help="also write the result as JSON (a list, a configuration each)")
     a.set_defaults(fn=cmd_accuracy)
     sens = sub.add_parser("sensitivity", help="rank the layers by what int8 costs each alone (output SQNR, accuracy)")
     sens.add_argument("model", help="zoo:NAME (trained weights and held-out digits when it has them) or FILE.py:FACTORY")

@@ -64,7 +64,10 @@ CASES = [
     ("conv2d depthwise", lambda b: conv(b, i8((1, 6, 6, 4)), groups=4, w=np.ones((4, 3, 3, 1), np.int8)), YES, YES),
     ("conv2d float", lambda b: conv(b, f32((1, 6, 6, 2))), FLOAT_REASON, YES),
     ("conv2d int16", lambda b: conv(b, TensorType((1, 6, 6, 2), DType.INT16, QuantSpec.per_tensor(0.1, 0, DType.INT16))),
-     "int48", "int48"),
+     YES, YES),  # A16W8: an int48 accumulator in TOSA (EXT-INT16), rescaled by 1 to the IR's int32
+    ("conv2d int16 zero point", lambda b: conv(b, TensorType((1, 6, 6, 2), DType.INT16,
+                                                              QuantSpec.per_tensor(0.1, 3, DType.INT16))),
+     "int16 x int8 with zero points 0", "int16 x int8 with zero points 0"),
     ("conv2d weight zps", lambda b: conv(b, w_zp=(0, 1, 0, 0)), "per-channel weight zero points: TOSA CONV2D takes one",
      "per-channel weight zero points"),
     ("fully_connected", lambda b: b.op("fully_connected", b.input("x", i8((2, 8))),

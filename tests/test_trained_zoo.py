@@ -156,7 +156,7 @@ def test_cli_accuracy_prints_and_writes_json(capsys, tmp_path):
     code, out, _ = _run(capsys, "accuracy", "zoo:digits_cnn", "--target", "cpu", "--limit", "30",
                         "--json", str(out_json))
     assert code == 0, out
-    result = json.loads(out_json.read_text())
+    (result,) = json.loads(out_json.read_text())
     model, _, _, _ = zoo.get("digits_cnn")
     (x,), y = zoo.held_out("digits_cnn")
     with torch.no_grad():

@@ -11,6 +11,8 @@ import numpy as np
 from qlower.errors import ConfigError
 
 FixedQParams = tuple[float, int, int, int]  # scale, zero_point, qmin, qmax
+ACT_DTYPES = ("int8", "int16")
+INT16_ACT_RANGE = (-32767, 32767)  # symmetric: zero point 0, and negation stays in range
 
 
 def _is_int(x: object) -> bool:
@@ -47,6 +49,13 @@ class QuantConfig:
     ``fallback="float"`` runs an op without an integer rule in float on the host
     (dequantize, the ATen op, quantize again); ``"error"`` refuses it instead, for
     users who want a fully integer program.
+    ``act_dtype="int16"`` (A16W8): static activations in int16, symmetric in
+    ``[-32767, 32767]`` (zero point 0, as TOSA's int16 x int8 convolutions take
+    them); weights stay int8. ``layer_dtypes={"features.3": "int16"}`` sets the
+    activation dtype of the ops inside a module (by qualified name; the innermost
+    named module wins) over ``act_dtype``. ``auto_int16=K``: ``compile`` first
+    measures each layer's int8 sensitivity on the calibration data
+    (``qlower.sensitivity``) and adds the K most sensitive to ``layer_dtypes`` as int16.
     """
 
     mode: Literal["static", "dynamic"] = "static"
@@ -59,10 +68,13 @@ class QuantConfig:
     granularity: Literal["per_tensor", "per_row"] = "per_tensor"
     fixed: dict[str, FixedQParams] = field(default_factory=dict)
     fallback: Literal["float", "error"] = "float"
+    act_dtype: Literal["int8", "int16"] = "int8"
+    layer_dtypes: dict[str, Literal["int8", "int16"]] = field(default_factory=dict)
+    auto_int16: int = 0
 
     def __post_init__(self) -> None:
         choices = {"mode": ("static", "dynamic"), "fallback": ("float", "error"),
-                   "granularity": ("per_tensor", "per_row")}
+                   "granularity": ("per_tensor", "per_row"), "act_dtype": ACT_DTYPES}
         for name, accepted in choices.items():
             if getattr(self, name) not in accepted:
                 raise ConfigError(f"QuantConfig.{name} must be one of {', '.join(map(repr, accepted))}, "
@@ -86,7 +98,27 @@ class QuantConfig:
                               f"got {type(self.fixed).__name__}")
         for key, params in self.fixed.items():
             _check_fixed(key, params)
+        if not isinstance(self.layer_dtypes, dict):
+            raise ConfigError(f"QuantConfig.layer_dtypes must be a dict of module name -> 'int8' or 'int16', "
+                              f"got {type(self.layer_dtypes).__name__}")
+        for key, dtype in self.layer_dtypes.items():
+            if not isinstance(key, str) or not key or dtype not in ACT_DTYPES:
+                raise ConfigError(f"QuantConfig.layer_dtypes maps a module's qualified name to 'int8' or 'int16', "
+                                  f"got {key!r}: {dtype!r}")
+        if not _is_int(self.auto_int16) or self.auto_int16 < 0:
+            raise ConfigError(f"QuantConfig.auto_int16 is how many layers to promote to int16, an integer >= 0; "
+                              f"got {self.auto_int16!r}")
+        if self.mode == "dynamic" and (self.act_dtype != "int8" or self.layer_dtypes or self.auto_int16):
+            raise ConfigError("int16 activations are static: act_dtype, layer_dtypes and auto_int16 need mode='static'")
+
+    def act_dtype_of(self, module_paths: list[str]) -> str:
+        """The activation dtype of an op inside the modules ``module_paths`` (outermost first)."""
+        for path in reversed(module_paths):
+            if path in self.layer_dtypes:
+                return self.layer_dtypes[path]
+        return self.act_dtype
 
     def __hash__(self) -> int:
         return hash((self.mode, self.per_channel, self.act_qmin, self.act_qmax, self.symmetric_acts,
-                     self.weight_qmin, self.weight_qmax, self.granularity, tuple(sorted(self.fixed.items())), self.fallback))
+                     self.weight_qmin, self.weight_qmax, self.granularity, tuple(sorted(self.fixed.items())), self.fallback,
+                     self.act_dtype, tuple(sorted(self.layer_dtypes.items())), self.auto_int16))

@@ -58,7 +58,7 @@ from torchao.quantization.pt2e.quantizer import (
 
 from qlower.errors import InputError
 from qlower.frontend.channel_affine import replace_unfolded_batch_norm
-from qlower.frontend.config import FixedQParams, QuantConfig
+from qlower.frontend.config import INT16_ACT_RANGE, FixedQParams, QuantConfig
 from qlower.frontend.source import module_paths
 
 aten = torch.ops.aten
@@ -197,6 +197,9 @@ class QlowerQuantizer(Quantizer):
             self.weight_axis1 = QuantizationSpec(
                 dtype=torch.int8, quant_min=c.weight_qmin, quant_max=c.weight_qmax,
                 qscheme=torch.per_channel_symmetric, ch_axis=1, observer_or_fake_quant_ctr=PerChannelMinMaxObserver)
+        self.act16 = QuantizationSpec(
+            dtype=torch.int16, quant_min=INT16_ACT_RANGE[0], quant_max=INT16_ACT_RANGE[1],
+            qscheme=torch.per_tensor_symmetric, observer_or_fake_quant_ctr=MinMaxObserver)
         self.dyn_qmax = c.act_qmax
         self._node_overrides: dict[Node, FixedQParams] = {}
         self._edge_overrides: dict[tuple[Node, Node], FixedQParams] = {}
@@ -264,13 +267,17 @@ class QlowerQuantizer(Quantizer):
         user = next(iter(node.users))
         return user if packet(user) in ACTIVATIONS and _one_domain(user) is None else None
 
+    def act_for(self, node: Node) -> QuantizationSpec:
+        """The activation spec of ``node``'s result and of the inputs it reads: int16 or int8 by its module."""
+        return self.act16 if self.config.act_dtype_of(module_paths(node)) == "int16" else self.act
+
     def _annotate_static(self, model: GraphModule) -> None:
         const = _Constants(model)
-        act = self.act
         for n in model.graph.nodes:
             p = packet(n)
             if p is None or "quantization_annotation" in n.meta:
                 continue
+            act = self.act_for(n)
             if n.name in self.keep_float or any(a.name in self.keep_float for a in n.all_input_nodes):
                 continue  # NaN or inf on the calibration data: no quantization can hold it
             if p in GEMM:
@@ -336,12 +343,13 @@ class QlowerQuantizer(Quantizer):
         x, name = n.args[0], n.target._overloadname
         if not _is_float(x) or n in const or name not in ("default", "dim"):
             return  # max.other / min.other (elementwise) are left alone
+        act = self.act_for(n)
         if packet(n) in ORDER_INDEX:
-            _annotate(n, {x: self.act})
+            _annotate(n, {x: act})
         elif name == "default":
-            _annotate(n, {x: self.act}, SharedQuantizationSpec((x, n)))
+            _annotate(n, {x: act}, SharedQuantizationSpec((x, n)))
         else:
-            _annotate(n, {x: self.act})
+            _annotate(n, {x: act})
             for item in n.users:
                 if item.op == "call_function" and item.target is operator.getitem and item.args[1] == 0:
                     _annotate(item, {}, SharedQuantizationSpec((x, n)))

@@ -62,6 +62,9 @@ class Program:
         """Where each op runs, and why each host op was not delegated (with the model's source line)."""
         lines = [f"target {self.target}: {len(self.partitions)} partition(s), "
                  f"{sum(1 for op in self.graph.ops if op.kind not in ('constant', 'delegate'))} host op(s)"]
+        if self.meta.get("auto_int16"):
+            lines.append(f"  int16 activations (auto_int16, the most int8-sensitive layers): "
+                         f"{', '.join(map(str, self.meta['auto_int16']))}")
         for p in self.partitions:
             kinds: dict[str, int] = {}
             for op in p.subgraph.ops:

@@ -32,6 +32,7 @@ class AccuracyReport:
     agreement: float | None
     cycles: int | None = None
     label: str = ""
+    detail: str = ""  # e.g. which layers auto_int16 promoted
 
     def table(self) -> str:
         def pct(x: float | None) -> str:
@@ -90,7 +91,7 @@ def total_cycles(program) -> int | None:
 
 @torch.no_grad()
 def measure_accuracy(program, data: object, *, limit: int | None = None, progress: bool = True,
-                     label: str = "") -> AccuracyReport:
+                     label: str = "", detail: str = "") -> AccuracyReport:
     """Top-1 accuracy of ``program`` on ``data`` (its first ``limit`` inputs), beside its float and
     fake-quant models. The program must come from ``qlower.compile`` in this process (a loaded
     program has neither model)."""
@@ -117,5 +118,24 @@ def measure_accuracy(program, data: object, *, limit: int | None = None, progres
         fake_quant=float(np.mean(picks[1] == truth)) if quantized else None,
         program=float(np.mean(picks[2] == truth)),
         agreement=float(np.mean(picks[2] == picks[1])) if quantized else None,
-        cycles=total_cycles(program), label=label)
+        cycles=total_cycles(program), label=label, detail=detail)
 
+
+
+def comparison_table(reports: list[AccuracyReport]) -> str:
+    """Several configurations of one model on one target (e.g. int8 and A16W8), a row each: what the
+    higher precision buys in accuracy and costs in Vela's cycle estimate."""
+    def pct(x: float | None) -> str:
+        return "—" if x is None else f"{100 * x:.2f}%"
+
+    first = reports[0]
+    lines = [f"{first.target}, {first.images} held-out inputs; fp32 accuracy {pct(first.fp32)}",
+             f"  {'configuration':34s} {'fake-quant':>10s} {'program':>9s} {'cycles':>12s}"]
+    for r in reports:
+        cycles = "—" if r.cycles is None else f"{r.cycles:,}"
+        if r.cycles is not None and first.cycles and r is not first:
+            cycles += f" ({r.cycles / first.cycles:.2f}x)"
+        lines.append(f"  {r.label:34s} {pct(r.fake_quant):>10s} {pct(r.program):>9s} {cycles:>12s}")
+        if r.detail:
+            lines.append(f"    {r.detail}")
+    return "\n".join(lines)

@@ -30,7 +30,7 @@ DT = ts.DType
 IR_TO_TOSA: dict[DType, Any] = {
     DType.INT8: DT.INT8, DType.INT16: DT.INT16, DType.INT32: DT.INT32, DType.FLOAT32: DT.FP32, DType.BOOL: DT.BOOL,
 }
-NUMPY_OF: dict[Any, type] = {DT.INT8: np.int8, DT.INT16: np.int16, DT.INT32: np.int32, DT.FP32: np.float32,
+NUMPY_OF: dict[Any, type] = {DT.INT8: np.int8, DT.INT16: np.int16, DT.INT32: np.int32, DT.INT48: np.int64, DT.FP32: np.float32,
                              DT.BOOL: np.bool_}
 _NUMPY_TO_TOSA = {np.dtype(v): k for k, v in NUMPY_OF.items()}
 

@@ -137,14 +137,15 @@ def _gemm(op: Op, profile: Profile) -> str | None:
             return f"kernel extent, stride or padding above {MAX_KERNEL}: beyond TOSA 1.0 level 8K"
     if x.dtype is DType.FLOAT32:
         return None
-    if x.dtype is DType.INT16:
-        return ("int16 activations: TOSA multiplies int16 by int8 into an int48 accumulator, "
-                "which the IR's int32 accumulator can't express")
-    if x.dtype is not DType.INT8 or w.dtype is not DType.INT8:
-        return f"{x.dtype.value} input with {w.dtype.value} weights: TOSA {tosa_op} takes int8 x int8"
+    if x.dtype not in (DType.INT8, DType.INT16) or w.dtype is not DType.INT8:
+        return f"{x.dtype.value} input with {w.dtype.value} weights: TOSA {tosa_op} takes int8 x int8 or int16 x int8"
     zps = set(w.quant.zero_point)
     if len(zps) > 1:
         return f"per-channel weight zero points: TOSA {tosa_op} takes one weight zero point"
+    if x.dtype is DType.INT16:  # int16 x int8 accumulates in int48 (EXT-INT16), with both zero points 0
+        if x.quant.zero_point[0] != 0 or zps != {0}:
+            return f"int16 input: TOSA {tosa_op} takes int16 x int8 with zero points 0 (symmetric int16 activations)"
+        return None
     return _int8_zero_point("input", x.quant.zero_point[0]) or _int8_zero_point("weight", zps.pop())
 
 

@@ -3,7 +3,7 @@
 Integer recipes (all scale changes are IR ``rescale`` ops):
 - add / sub: both operands rescaled to int32 at a common scale
   ``2 * max(s_a, s_b) / 2**20`` (TFLite's left shift: 20 bits of headroom keep the
-  sum exact to ~1e-6 of an input step), added, rescaled to the output.
+  sum exact to ~1e-6 of an input step; 15 bits with int16 operands), added, rescaled to the output.
   A float constant operand becomes int32 codes at that scale.
 - mul: both operands rescaled to int32 with the zero point removed (same scale),
   multiplied (scale ``s_a * s_b``), rescaled. A float constant that varies along
@@ -27,6 +27,7 @@ from qlower.ir import DType, QuantSpec
 
 aten = torch.ops.aten
 COMMON_SHIFT = 20
+INT16_COMMON_SHIFT = 15  # add / sub with an int16 operand: 2**15 * 2**14 per operand, the sum below 2**31
 FLOAT_MAX = float(np.finfo(np.float32).max)
 
 
@@ -75,7 +76,10 @@ def add_sub(ctx: ImportContext, node, input, other, alpha=1, **_):
         return Ref.of(ctx.emit(kind, a, b, perm=perm), perm)
     scales = [_per_tensor_scale(ctx, r) if q else float(np.abs(r.data).max(initial=0.0)) / 127
               for q, r in zip(quantized, refs)]
-    common = QuantSpec.per_tensor(2 * max(scales) / 2**COMMON_SHIFT, 0, DType.INT32)
+    # int16 codes (|code| < 2**15) keep 15 bits of headroom instead of 20, so the sum stays within int32
+    shift = COMMON_SHIFT if all(not q or r.spec.dtype.itemsize == 1 for q, r in zip(quantized, refs)) \
+        else INT16_COMMON_SHIFT
+    common = QuantSpec.per_tensor(2 * max(scales) / 2**shift, 0, DType.INT32)
     refs = [r if q else Ref.constant(_int32_codes(ctx, r.data, common.scale[0]), common, r.origin)
             for q, r in zip(quantized, refs)]
     perm, (a, b) = ctx.broadcast(refs)

@@ -62,7 +62,28 @@ def _accumulate(ctx: ImportContext, kind: str, x: Value, w: Ref, w_perm, bias: R
         raise ctx.unsupported("a quantized input needs a quantized weight")
     wv = _weight(ctx, w, w_perm)
     acc_spec = QuantSpec.accumulator(x.quant, wv.quant, axis=0)
-    return ctx.emit(kind, x, wv, quantized_bias(ctx, bias, acc_spec), perm=perm, **attrs)
+    bias_value = quantized_bias(ctx, bias, acc_spec)
+    if x.type.dtype is DType.INT16:
+        _check_int16_sums(ctx, x.type.quant, w, bias, acc_spec)
+    return ctx.emit(kind, x, wv, bias_value, perm=perm, **attrs)
+
+
+def _span(q: QuantSpec) -> int:
+    """The largest ``|code - zero point|`` a quantized tensor of spec ``q`` holds."""
+    return max(abs(q.qmin - q.zero_point[0]), abs(q.qmax - q.zero_point[0]))
+
+
+def _check_int16_sums(ctx: ImportContext, xq: QuantSpec, w: Ref, bias: Ref | None, acc_spec: QuantSpec) -> None:
+    """int16 x int8 (A16W8) accumulates in int48 on TOSA targets, in int32 in the IR: the weights prove, per
+    output channel, that no input can take a sum (bias included) beyond int32, or the op runs in float."""
+    codes = np.abs(w.data.astype(np.int64) - np.asarray(w.quant.zero_point, np.int64).reshape(
+        (-1,) + (1,) * (w.data.ndim - 1)))
+    worst = codes.reshape(codes.shape[0], -1).sum(axis=1) * _span(xq)
+    if bias is not None:
+        worst = worst + np.abs(np.rint(bias.data.astype(np.float64) / np.asarray(acc_spec.scale, np.float64)))
+    if worst.max(initial=0) > DType.INT32.max:
+        raise ctx.unsupported(f"int16 input: weights this large ({int(worst.max()):,} at worst) can take the sum of "
+                              "products beyond the int32 accumulator")
 
 
 def _weight(ctx: ImportContext, w: Ref, perm, floats: bool = False) -> Value:
@@ -198,6 +219,10 @@ def matmul(ctx: ImportContext, node, input: Ref, other: Ref | None = None, mat2:
         batch = tuple(torch.broadcast_shapes(sa[:-2], sb[:-2]))
         va = place(_broadcast_batch(ctx, a, batch), layout.identity(len(batch) + 2))
         vb = place(_broadcast_batch(ctx, b, batch), layout.identity(len(batch) + 2))
+    if quantized and DType.INT16 in (a.spec.dtype, b.spec.dtype) and \
+            sa[-1] * _span(a.spec) * _span(b.spec) > DType.INT32.max:
+        raise ctx.unsupported(f"int16 operands: {sa[-1]} products of codes up to {_span(a.spec)} x {_span(b.spec)} "
+                              "can exceed the int32 accumulator")
     acc = ctx.emit("matmul", va, vb, perm=layout.identity(va.type.rank))
     result = ctx.requant(acc, layout.identity(acc.type.rank)) if quantized else Ref.of(acc, layout.identity(acc.type.rank))
     if result.torch_shape != out_shape:

@@ -5,7 +5,9 @@ domain. A global average (the window is the whole plane) is a mean, below.
 Otherwise int8 codes are first rescaled (exactly, ×128) to int16 with the zero
 point removed and averaged there, then rescaled to the output: the IR's
 TOSA-style integer average rounds at 1/256 of an input step, so the result is
-within that of a single rounding.
+within that of a single rounding. int16 codes (A16W8) have no room to widen:
+their averages are exact sums (a depthwise conv of ones, or ``reduce_sum``)
+rescaled once.
 ``count_include_pad`` padding becomes an explicit ``pad`` with the code of 0.0
 followed by an unpadded pool; ``ceil_mode``'s partial windows are extra
 bottom/right padding, which the IR's average never counts (as PyTorch).
@@ -34,6 +36,11 @@ from qlower.ir import DType, QuantSpec
 
 aten = torch.ops.aten
 WIDEN = 128  # int8 codes minus zero point times 128 stay within int16
+
+
+def _int16(x: Ref) -> bool:
+    """Quantized to int16 codes (A16W8): averaged by exact sums, never widened like int8."""
+    return isinstance(x, Ref) and x.is_quantized and x.spec.dtype is DType.INT16
 
 
 def _pair(v) -> tuple[int, int]:
@@ -96,7 +103,7 @@ def _widened(ctx: ImportContext, input: Ref):
     """The NHWC input, and for codes that the result requantizes, widened exactly to int16 (×128,
     zero point 0) so that the average's own rounding is 1/256 of an input step."""
     v = _nhwc(ctx, input)
-    if v.quant is not None:
+    if v.quant is not None and v.dtype.itemsize == 1:
         target = ctx.requant_target()
         if target is not None and target != v.quant:
             wide = QuantSpec.per_tensor(v.quant.scale[0] / WIDEN, 0, DType.INT16)
@@ -110,6 +117,12 @@ def average(ctx: ImportContext, input: Ref, kernel, stride, pad, count_include_p
     ``extra`` bottom/right padding (ceil_mode's partial windows) never is."""
     if tuple(kernel) == tuple(input.torch_shape[-2:]) and not any(pad) and not any(extra):
         return reduce_dims(ctx, input, [2, 3], mean=True, keepdim=True)  # global: a mean over H and W
+    if _int16(input):
+        # int16 codes can't be widened: TOSA's average would round at a whole input step. Windows of
+        # one size (no uncounted padding) sum exactly instead; others run in float.
+        if any(extra) or (any(pad) and not count_include_pad):
+            raise ctx.unsupported("an int16 average pool whose windows count different numbers of taps")
+        return _window_sum(ctx, input, kernel, stride, pad, int(kernel[0] * kernel[1]))
     v = _widened(ctx, input)
     fill = v.quant.zero_point[0] if v.quant is not None else 0.0
     if count_include_pad and any(pad):
@@ -137,8 +150,8 @@ def _window_sum(ctx: ImportContext, input: Ref, k, s, pad, divisor: int) -> Ref:
     """``sum(window) / divisor`` (padding adds 0): a depthwise conv whose weights are all code 1 at
     scale ``1/divisor``, so the accumulator is exactly the sum at scale ``s_in / divisor``."""
     x = _float_ref(ctx, input)
-    if not x.is_quantized or x.spec.is_per_channel or x.spec.dtype is not DType.INT8:
-        raise ctx.unsupported("avg_pool2d with divisor_override of a tensor that isn't int8 per tensor")
+    if not x.is_quantized or x.spec.is_per_channel or x.spec.dtype not in (DType.INT8, DType.INT16):
+        raise ctx.unsupported("avg_pool2d with divisor_override of a tensor that isn't int8/int16 per tensor")
     v = ctx.value_in(x, layout.NHWC)
     c = v.shape[3]
     w = ctx.constant(np.ones((c, 1, k[0], k[1]), np.int8), QuantSpec.per_tensor(1.0 / divisor, 0, DType.INT8),
@@ -235,7 +248,7 @@ def reduce_dims(ctx: ImportContext, input: Ref, dims, mean: bool, keepdim: bool)
     dims = sorted({layout.normalize_axis(d, x.rank) for d in dims})
     count = int(np.prod([x.torch_shape[d] for d in dims]))
     quantized = x.is_quantized and not x.spec.is_per_channel
-    if mean and quantized and x.rank == 4 and dims == [2, 3] and _pool_fits(x.torch_shape[2:]):
+    if mean and quantized and x.rank == 4 and dims == [2, 3] and _pool_fits(x.torch_shape[2:]) and not _int16(x):
         return _global_average(ctx, x, keepdim)
     if quantized:
         v = ctx.rescale(ctx.value_in(x), QuantSpec.per_tensor(x.spec.scale[0], 0, DType.INT32), x.perm)
