@@ -71,7 +71,8 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
     prog = lower_graph(graph, target, threads, trace=trace, backend_options=backend_options, progress=progress,
                        meta={"quant": None if quant is None else quant.mode,
                              "frontend_seconds": round(t1 - t0, 4), "passes_seconds": round(t2 - t1, 4),
-                             **({"auto_int16": promoted} if promoted else {})})
+                             **({"auto_int16": promoted} if promoted else {}),
+                             **({"float_reasons": list(front.float_reasons)} if front.float_reasons else {})})
     prog.frontend = front
     return prog
 

@@ -47,6 +47,7 @@ class FrontendResult:
     input_layouts: tuple[Perm | None, ...]
     output_layouts: tuple[Perm | None, ...]
     node_values: dict[str, tuple[Value, Perm]]
+    float_reasons: tuple[str, ...] = ()  # ops with a rule that could not make them integer, and why
 
 
 def capture_and_import(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig | None,
@@ -70,4 +71,5 @@ def capture_and_import(model: nn.Module, example_inputs: Sequence[torch.Tensor],
         input_layouts=tuple(None for _ in graph.inputs),
         output_layouts=tuple(None for _ in graph.outputs),
         node_values=imported.node_values,
+        float_reasons=imported.float_reasons,
     )

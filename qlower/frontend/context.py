@@ -107,6 +107,7 @@ class ImportContext:
         self._floats: dict[tuple[Value, Perm], Value] = {}
         self._consts: dict[tuple[int, Perm], tuple[Ref, Value]] = {}
         self.memo: dict[object, object] = {}  # rules' own caches (e.g. one dynamic_quantize per source)
+        self.float_reasons: list[str] = []  # why a rule could not make an op integer (it runs in float)
 
     # -- lookups ---------------------------------------------------------------------------
     def ref(self, node: Node) -> Ref:

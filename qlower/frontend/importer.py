@@ -44,6 +44,7 @@ class Imported:
 
     graph: Graph
     node_values: dict[str, tuple[Value, layout.Perm]]
+    float_reasons: tuple[str, ...] = ()  # ops an integer rule could not take, each with its reason
 
 
 def _normalized(node: Node) -> tuple[tuple, dict] | None:
@@ -98,9 +99,10 @@ def _call_rule(ctx: ImportContext, node: Node) -> object:
         _, kwargs = normalized
         kwargs = {k: pytree.tree_map(lookup, v) for k, v in kwargs.items()}
         return rule(ctx, node, **kwargs)
-    except UnsupportedOpError:
+    except UnsupportedOpError as e:
         if ctx.fallback != "float":
             raise
+        ctx.float_reasons.append(str(e))
         ctx.node = node
         if can_fall_back(node):
             return import_fallback(ctx, node)
@@ -241,4 +243,4 @@ def import_graph(gm: GraphModule, name: str = "main", fallback: str = "float") -
     for node, entry in ctx.env.items():
         if isinstance(entry, Ref) and entry.value is not None and entry.value in defined:
             node_values[node.name] = (entry.value, entry.perm)
-    return Imported(graph, node_values)
+    return Imported(graph, node_values, tuple(ctx.float_reasons))

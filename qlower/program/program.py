@@ -79,6 +79,9 @@ class Program:
             if p.payload.meta.get("summary"):  # the backend's one line about its payload, and its details
                 lines.append(f"      {p.payload.meta['summary']}")
             lines.extend(f"      {line}" for line in p.payload.meta.get("details", []) if isinstance(line, str))
+        if self.meta.get("float_reasons"):
+            lines.append("in float because their integer rule could not take them:")
+            lines.extend(f"  {reason}" for reason in self.meta["float_reasons"])
         if self.decisions:
             lines.append("host ops (not delegated):")
             for d in self.decisions:
