@@ -1,6 +1,7 @@
 """Compile time: quantized PyTorch model → program, per stage and target.
 
-PT2E quantization (export, prepare, calibration, convert) is timed on its own;
+PT2E quantization is timed on its own, and split into its stages (export,
+prepare, calibration, convert: where the compile time of a quantized model goes);
 "compile" is what qlower adds after it: import into the IR, the pass pipeline,
 and partitioning + lowering (TOSA serialisation, tosa-opt validation, Vela).
 Medians over ``--repeat`` runs; the machine is shared and noisy, so compare
@@ -35,6 +36,7 @@ def _time(fn):
 def bench(name: str, size: int, targets: list[str], repeat: int) -> list[dict]:
     model, example, quant, calib = zoo.get(name, size=size)
     captured, t_quant = _time(lambda: capture(model, example, quant, calib, progress=False))
+    stages = {f"pt2e_{stage}_s": round(sec, 3) for stage, sec in captured.seconds.items()}
     rows = []
     for target in targets:
         samples = []
@@ -50,7 +52,7 @@ def bench(name: str, size: int, targets: list[str], repeat: int) -> list[dict]:
             for k, n in tosa_meta.get("tosa_ops", {}).items():
                 counts[k] = counts.get(k, 0) + n
         perf = [p.payload.meta["perf"] for p in prog.partitions if "perf" in p.payload.meta]
-        rows.append({"model": name, "size": size, "target": target, "pt2e_quantize_s": round(t_quant, 3),
+        rows.append({"model": name, "size": size, "target": target, "pt2e_quantize_s": round(t_quant, 3), **stages,
                      "import_s": round(med[0], 3), "passes_s": round(med[1], 3), "lower_s": round(med[2], 3),
                      "compile_s": round(sum(med), 3), "partitions": len(prog.partitions),
                      "ir_ops": len(graph.ops), "tosa_ops": counts,
@@ -87,11 +89,12 @@ def main() -> None:
     from rich.table import Table
 
     t = Table(title=f"qlower compile time (median of {args.repeat}, seconds)")
-    for col in ("model", "target", "PT2E quantize", "import", "passes", "lower", "compile total", "partitions",
-                "total cycles (Vela)", "NPU cycles"):
+    for col in ("model", "target", "PT2E quantize (export / prepare / calibrate / convert)", "import", "passes",
+                "lower", "compile total", "partitions", "total cycles (Vela)", "NPU cycles"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["model"], r["target"], f"{r['pt2e_quantize_s']:.2f}", f"{r['import_s']:.3f}",
+        split = " / ".join(f"{r.get(f'pt2e_{s}_s', 0):.2f}" for s in ("export", "prepare", "calibrate", "convert"))
+        t.add_row(r["model"], r["target"], f"{r['pt2e_quantize_s']:.2f} ({split})", f"{r['import_s']:.3f}",
                   f"{r['passes_s']:.3f}", f"{r['lower_s']:.3f}", f"{r['compile_s']:.3f}", str(r["partitions"]),
                   "—" if r["total_cycles"] is None else f"{r['total_cycles']:,}",
                   "—" if r["npu_cycles"] is None else f"{r['npu_cycles']:,}")

@@ -82,7 +82,10 @@ def test_one_layer_alone_is_what_pytorch_fake_quantize_computes():
 def test_switches_all_on_is_the_fake_quant_model_and_all_off_the_float_model():
     model, example, cfg, calibration = zoo.get("digits_cnn")
     folded = capture(model, example, cfg, calibration, progress=False).graph_module
-    switched = capture(model, example, cfg, calibration, progress=False, fold_weights=False).graph_module
+    captured = capture(model, example, cfg, calibration, progress=False, fold_weights=False)
+    assert list(captured.seconds) == ["export", "prepare", "calibrate", "convert"]  # benchmarks/compile.py's split
+    assert all(t >= 0 for t in captured.seconds.values())
+    switched = captured.graph_module
     switches = add_switches(switched)
     layers = group_layers(switched)
     assert sorted(i for layer in layers for i in layer.points) == list(range(len(switches)))

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import copy
 import inspect
+import time
 import traceback
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -39,6 +40,7 @@ class Captured:
     float_graph: GraphModule
     graph_module: GraphModule
     quantized: bool
+    seconds: dict[str, float] = field(default_factory=dict)  # per PT2E stage: export, prepare, calibrate, convert
 
 
 def _as_batch(batch: object) -> Batch:
@@ -125,11 +127,21 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Qua
 
 def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig,
               batches: list[tuple], bar: tqdm, fold_weights: bool = True) -> Captured:
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[stage] = round(now - clock, 4)
+        clock = now
+
     gm = export_module(model, example_inputs, static=quant.mode == "static")
     bar.update()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         float_graph = copy.deepcopy(gm)  # prepare_pt2e rewrites gm in place (BatchNorm folding, observers)
+    lap("export")
 
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
@@ -144,13 +156,16 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
         if quant.fallback == "error":
             _reject_unfolded_batch_norm(prepared)
         bar.update()
+        lap("prepare")
         bar.set_description("quantizing: calibrate")
         with torch.no_grad():
             for batch in batches:
                 prepared(*batch)
                 bar.update()
+        lap("calibrate")
         bar.set_description("quantizing: convert")
         converted = convert_pt2e(prepared, fold_quantize=fold_weights)
         bar.update()
+        lap("convert")
         bar.set_description("quantized")
-    return Captured(model, float_graph, converted, quantized=True)
+    return Captured(model, float_graph, converted, quantized=True, seconds=seconds)
