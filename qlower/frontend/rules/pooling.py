@@ -6,7 +6,7 @@ Otherwise int8 codes are first rescaled (exactly, ×128) to int16 with the zero
 point removed and averaged there, then rescaled to the output: the IR's
 TOSA-style integer average rounds at 1/256 of an input step, so the result is
 within that of a single rounding. int16 codes (A16W8) have no room to widen:
-their averages are exact sums (a depthwise conv of ones, or ``reduce_sum``)
+their averages are exact sums (a depthwise conv of ones, global ones too)
 rescaled once.
 ``count_include_pad`` padding becomes an explicit ``pad`` with the code of 0.0
 followed by an unpadded pool; ``ceil_mode``'s partial windows are extra
@@ -231,9 +231,14 @@ def _global_average(ctx: ImportContext, x: Ref, keepdim: bool) -> Ref:
     averaged with TOSA's rounding at 1/256 of an input step, then one requantization (within a
     step of fake-quant, like every average pool here). NPUs run it as one AVG_POOL2D, where a
     sum over H and W costs a transpose and a reduction (issue 16: 2.0 M cycles on MobileNetV2)."""
-    v = _widened(ctx, x)
-    _, h, w, _ = v.shape
-    out = ctx.requant(ctx.emit("avg_pool2d", v, perm=layout.NHWC, kernel=(h, w), stride=(h, w)), layout.NHWC)
+    h, w = (int(n) for n in x.torch_shape[2:])
+    if _int16(x) and h * w == 1:  # the mean of one pixel is the pixel
+        out = ctx.requant(ctx.value_in(x, layout.NHWC), layout.NHWC)
+    elif _int16(x):  # int16 codes can't be widened: the exact sum of the plane, a depthwise conv of ones
+        out = _window_sum(ctx, x, (h, w), (h, w), (0, 0, 0, 0), h * w)
+    else:
+        v = _widened(ctx, x)
+        out = ctx.requant(ctx.emit("avg_pool2d", v, perm=layout.NHWC, kernel=(h, w), stride=(h, w)), layout.NHWC)
     if keepdim:
         return out
     perm = layout.drop_dims(layout.NHWC, (2, 3))
@@ -248,7 +253,7 @@ def reduce_dims(ctx: ImportContext, input: Ref, dims, mean: bool, keepdim: bool)
     dims = sorted({layout.normalize_axis(d, x.rank) for d in dims})
     count = int(np.prod([x.torch_shape[d] for d in dims]))
     quantized = x.is_quantized and not x.spec.is_per_channel
-    if mean and quantized and x.rank == 4 and dims == [2, 3] and _pool_fits(x.torch_shape[2:]) and not _int16(x):
+    if mean and quantized and x.rank == 4 and dims == [2, 3] and _pool_fits(x.torch_shape[2:]):
         return _global_average(ctx, x, keepdim)
     if quantized:
         v = ctx.rescale(ctx.value_in(x), QuantSpec.per_tensor(x.spec.scale[0], 0, DType.INT32), x.perm)
