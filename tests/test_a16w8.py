@@ -64,7 +64,7 @@ def test_digits_cnn_in_a16w8_is_exact_on_every_target(target):
     convs = _int16_ops(prog, "conv2d") + _int16_ops(prog, "fully_connected")
     assert len(convs) == 4, prog.explain()
     for op in convs:
-        assert op.operands[0].type.quant.zero_point == (0,) and op.operands[0].type.quant.qmin == -32767
+        assert op.operands[0].type.quant.zero_point == (0,) and op.operands[0].type.quant.qmin == -32768
         assert op.operands[1].type.dtype is DType.INT8
     if target in ("tosa-1.0+int", "ethos-u85-256", "ethos-u55-128", "vgf+int"):
         assert len(prog.partitions) == 1 and not [d for d in prog.decisions if d.op.kind in ("conv2d", "fully_connected")]

@@ -12,7 +12,7 @@ from qlower.errors import ConfigError
 
 FixedQParams = tuple[float, int, int, int]  # scale, zero_point, qmin, qmax
 ACT_DTYPES = ("int8", "int16")
-INT16_ACT_RANGE = (-32767, 32767)  # symmetric: zero point 0, and negation stays in range
+INT16_ACT_RANGE = (-32768, 32767)  # symmetric (zero point 0) over the whole dtype: no saturation clamps
 
 
 def _is_int(x: object) -> bool:
@@ -50,7 +50,7 @@ class QuantConfig:
     (dequantize, the ATen op, quantize again); ``"error"`` refuses it instead, for
     users who want a fully integer program.
     ``act_dtype="int16"`` (A16W8): static activations in int16, symmetric in
-    ``[-32767, 32767]`` (zero point 0, as TOSA's int16 x int8 convolutions take
+    ``[-32768, 32767]`` (zero point 0, as TOSA's int16 x int8 convolutions take
     them); weights stay int8. ``layer_dtypes={"features.3": "int16"}`` sets the
     activation dtype of the ops inside a module (by qualified name; the innermost
     named module wins) over ``act_dtype``. ``auto_int16=K``: ``compile`` first
