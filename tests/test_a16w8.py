@@ -182,7 +182,7 @@ def test_auto_int16_promotes_the_most_sensitive_layers():
 def test_trained_models_in_a16w8_are_exact_on_the_npu(name):
     model, example, cfg, calibration = zoo.get(name, trained=True)
     (x,), _ = zoo.held_out(name)
-    for target in ("tosa-1.0+int", "ethos-u85-256"):
-        prog = _compile(model, example, replace(cfg, act_dtype="int16"), calibration, target)
-        _exact(prog, [(x[i:i + 1],) for i in range(2)])
-        assert _int16_ops(prog, "conv2d")
+    # Ethos-U runs the very TOSA graph that tosa-1.0+int runs, after Vela has compiled it
+    prog = _compile(model, example, replace(cfg, act_dtype="int16"), calibration, "ethos-u85-256")
+    _exact(prog, [(x[i:i + 1],) for i in range(2)])
+    assert _int16_ops(prog, "conv2d")
