@@ -186,3 +186,17 @@ def test_trained_models_in_a16w8_are_exact_on_the_npu(name):
     prog = _compile(model, example, replace(cfg, act_dtype="int16"), calibration, "ethos-u85-256")
     _exact(prog, [(x[i:i + 1],) for i in range(2)])
     assert _int16_ops(prog, "conv2d")
+
+
+@pytest.mark.parametrize("target", ["tosa-1.0+int", "ethos-u85-256", "litert"])
+def test_a16w8_programs_save_and_load(tmp_path, target):
+    """Int48 constants and int16 boundaries survive the program file (its payloads are re-emitted at load)."""
+    model, example, _, calibration = zoo.get("digits_cnn")
+    prog = _compile(model, example, A16, calibration, target)
+    prog.save(tmp_path / "a16.qlp")
+    again = qlower.load(tmp_path / "a16.qlp")
+    if target != "litert":  # (LiteRT keeps int16 GEMMs on the host: its partitions read other types)
+        assert again.partitions[0].input_types[0].dtype is DType.INT16
+    (x,), _ = zoo.held_out("digits_cnn")
+    for i in range(3):
+        np.testing.assert_array_equal(again.run(x[i:i + 1])[0], prog.run(x[i:i + 1])[0])
