@@ -136,11 +136,13 @@ def sensitivity(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | 
     model, quant = check_model(model), check_quant(quant)
     if quant is None or quant.mode != "static":
         raise ConfigError("sensitivity measures static int8 quantization: pass a QuantConfig(mode='static')")
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ConfigError(f"limit is how many inputs to measure on, an integer >= 1; got {limit!r}")
     example_inputs = check_example_inputs(example_inputs)
     calibration = check_calibration(calibration if calibration is not None else [example_inputs], example_inputs)
     if data is not None:
         inputs, labels = labelled(data)
-        count = len(labels) if limit is None else max(1, min(int(limit), len(labels)))
+        count = len(labels) if limit is None else min(limit, len(labels))
         batches, labels = [tuple(x[i:i + 1] for x in inputs) for i in range(count)], labels[:count]
     else:
         batches, labels = [tuple(b) for b in calibration][:limit], None

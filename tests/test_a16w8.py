@@ -152,6 +152,12 @@ def test_int16_matmul_and_softmax_say_why_they_run_in_float():
     _exact(prog, batches)
 
 
+def test_layer_dtypes_must_name_a_module_of_the_model():
+    model, example, cfg, calibration = zoo.get("digits_cnn")
+    with pytest.raises(qlower.errors.InputError, match=r"layer_dtypes\['conv3'\].*modules: conv1, conv2"):
+        _compile(model, example, replace(cfg, layer_dtypes={"conv3": "int16"}), calibration)
+
+
 def test_layer_dtypes_mix_int8_and_int16_by_module():
     model, example, cfg, calibration = zoo.get("digits_cnn")
     prog = _compile(model, example, replace(cfg, layer_dtypes={"conv2": "int16", "fc2": "int16"}), calibration,

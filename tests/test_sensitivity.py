@@ -130,11 +130,14 @@ def test_stacked_measurement_matches_one_input_at_a_time():
     assert stacked.int8_accuracy == alone.int8_accuracy and stacked.fp32_accuracy == alone.fp32_accuracy
 
 
-def test_sensitivity_refuses_dynamic_and_float():
+def test_sensitivity_refuses_dynamic_float_and_no_inputs():
     model, example, _, _ = zoo.get("digits_cnn")
     for quant in (None, qlower.QuantConfig(mode="dynamic")):
         with pytest.raises(ConfigError, match="static"):
             qlower.sensitivity(model, example, quant, progress=False)
+    for limit in (0, -3, 2.5):
+        with pytest.raises(ConfigError, match="limit"):
+            qlower.sensitivity(model, example, limit=limit, progress=False)
 
 
 def test_cli_sensitivity_json_and_plot(capsys, tmp_path):

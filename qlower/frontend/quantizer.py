@@ -243,6 +243,7 @@ class QlowerQuantizer(Quantizer):
 
     def annotate(self, model: GraphModule) -> GraphModule:
         self._resolve_overrides(model)
+        self._check_layer_dtypes(model)
         if self.config.mode == "dynamic":
             self._annotate_dynamic(model)
         else:
@@ -379,6 +380,14 @@ class QlowerQuantizer(Quantizer):
                                      f"value in the exported graph; modules: {', '.join(known[:30])}")
                 for n in targets:
                     self._node_overrides[n] = fixed
+
+    def _check_layer_dtypes(self, model: GraphModule) -> None:
+        """Every module named in ``layer_dtypes`` must hold an op of the graph (a typo would change nothing)."""
+        known = {m for n in model.graph.nodes for m in module_paths(n) if m}
+        for key in self.config.layer_dtypes:
+            if key not in known:
+                raise InputError(f"QuantConfig.layer_dtypes[{key!r}]: no module with that qualified name holds an op "
+                                 f"of the exported graph; modules: {', '.join(sorted(known)[:30])}")
 
     def validate(self, model: GraphModule) -> None:
         for n in self._node_overrides:
