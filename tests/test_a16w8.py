@@ -184,8 +184,9 @@ def test_auto_int16_promotes_the_most_sensitive_layers():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18", "mobilenet_v3_small", "timm_vit_tiny"])
+@pytest.mark.parametrize("name", ["mobilenet_v2", "resnet18", "mobilenet_v3_small"])
 def test_trained_models_in_a16w8_are_exact_on_the_npu(name):
+    """(The ViT's int16 pieces that stay float are covered by the attention test above.)"""
     model, example, cfg, calibration = zoo.get(name, trained=True)
     (x,), _ = zoo.held_out(name)
     # Ethos-U runs the very TOSA graph that tosa-1.0+int runs, after Vela has compiled it

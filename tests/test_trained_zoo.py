@@ -100,8 +100,8 @@ def _accuracy(picks: np.ndarray, labels: torch.Tensor) -> float:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", TRAINED)
 def test_trained_model_learns_digits_and_int8_keeps_it(name):
-    """fp32 ≥ 95% on the held-out digits; the int8 cpu program within 1 point of it for the CNNs
-    (the ViT's LayerNorm, softmax and GELU are approximated in int8: within 3 points)."""
+    """fp32 ≥ 95% on the held-out digits; the int8 cpu program within 1 point of it for the CNNs (at most
+    one image of 120) and within 3 for the ViT (its LayerNorm, softmax and GELU are approximated in int8)."""
     model, example, cfg, calibration = zoo.get(name, trained=True)
     (x,), y = zoo.held_out(name)
     x_train = trained.dataset()[0]
@@ -111,9 +111,13 @@ def test_trained_model_learns_digits_and_int8_keeps_it(name):
     with torch.no_grad():
         fp32 = _accuracy(model(x).argmax(dim=1).numpy(), y)
     assert fp32 >= 0.95, fp32
+    # the int8 program on every third held-out image (CI's time budget; the closing notes measure all 360)
     prog = qlower.compile(model, example, target="cpu", quant=cfg, calibration=calibration, progress=False)
-    int8 = _accuracy(np.array([np.argmax(prog.run(x[i:i + 1])[0]) for i in range(len(y))]), y)
-    assert int8 >= fp32 - (0.01 if name in CNNS else 0.03), (fp32, int8)
+    some = range(0, len(y), 3)
+    with torch.no_grad():
+        fp32_some = float(np.mean([int(model(x[i:i + 1]).argmax()) == int(y[i]) for i in some]))
+    int8 = float(np.mean([int(np.argmax(prog.run(x[i:i + 1])[0])) == int(y[i]) for i in some]))
+    assert int8 >= fp32_some - (0.01 if name in CNNS else 0.03), (fp32_some, int8)
 
 
 @pytest.mark.slow
