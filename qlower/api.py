@@ -146,8 +146,10 @@ def sensitivity(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | 
         batches, labels = [tuple(x[i:i + 1] for x in inputs) for i in range(count)], labels[:count]
     else:
         batches, labels = [tuple(b) for b in calibration][:limit], None
-    # Min/max observers see the same values whether the calibration batches come one by one or stacked:
-    # a batch-agnostic model is calibrated in one forward and measured len(calibration) inputs at a time.
+    # Min/max observers see the same values whether the calibration batches come one by one or stacked (up
+    # to float32 rounding: a batched conv may round a last bit differently, moving a scale by an ulp, which
+    # compile can't accept but a ranking can): a batch-agnostic model is calibrated in one forward and
+    # measured len(calibration) inputs at a time.
     batch = len(calibration) if len(calibration) > 1 and batch_agnostic(model, calibration) else 1
     if batch > 1:
         stacked = chunks(calibration, batch)[0]

@@ -19,6 +19,7 @@ import qlower
 from qlower import zoo
 from qlower.cli import main
 from qlower.errors import InputError
+from qlower.verification.accuracy import measure_accuracy
 from qlower.zoo import trained, weights_cache
 from qlower.zoo.training import fit, shift
 
@@ -147,6 +148,10 @@ def test_evaluate_rejects_malformed_data_before_compiling():
                         ((x[:0], torch.zeros(0, dtype=torch.int64)), "no inputs")):
         with pytest.raises(InputError, match=match):
             qlower.evaluate(model, example, data, progress=False)
+    prog = qlower.compile(model, example, target="cpu", progress=False)
+    for limit in (0, -1, 1.5):
+        with pytest.raises(InputError, match="limit"):
+            measure_accuracy(prog, (x, torch.zeros(4, dtype=torch.int64)), limit=limit, progress=False)
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:

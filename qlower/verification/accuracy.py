@@ -100,7 +100,9 @@ def measure_accuracy(program, data: object, *, limit: int | None = None, progres
         raise InputError("measure_accuracy needs a program from qlower.compile (a loaded program file keeps "
                          "neither the float nor the fake-quant model)")
     inputs, labels = labelled(data)
-    count = len(labels) if limit is None else min(int(limit), len(labels))
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise InputError(f"limit is how many inputs to measure, an integer >= 1; got {limit!r}")
+    count = len(labels) if limit is None else min(limit, len(labels))
     picks = np.zeros((3, count), dtype=np.int64)
     models = (front.float_model, front.fake_quant)
     with progress_bar(progress, total=count, desc=f"evaluating on {program.target}", unit="input") as bar:
