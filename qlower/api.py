@@ -129,9 +129,8 @@ def sensitivity(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | 
     (``print`` it, ``.plot(path)``, ``.most_sensitive(k)``). Quantization is ``compile``'s, calibrated on
     ``calibration``; measured on ``data``'s inputs (the first ``limit``) or else on the calibration batches."""
     from qlower.frontend.arguments import check_calibration, check_example_inputs, check_model, check_quant
-    from qlower.frontend.capture import capture
     from qlower.verification.accuracy import labelled
-    from qlower.verification.sensitivity import batch_agnostic, chunks, measure_sensitivity
+    from qlower.verification.sensitivity import capture_switchable, measure_sensitivity
 
     model, quant = check_model(model), check_quant(quant)
     if quant is None or quant.mode != "static":
@@ -146,15 +145,5 @@ def sensitivity(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | 
         batches, labels = [tuple(x[i:i + 1] for x in inputs) for i in range(count)], labels[:count]
     else:
         batches, labels = [tuple(b) for b in calibration][:limit], None
-    # Min/max observers see the same values whether the calibration batches come one by one or stacked (up
-    # to float32 rounding: a batched conv may round a last bit differently, moving a scale by an ulp, which
-    # compile can't accept but a ranking can): a batch-agnostic model is calibrated in one forward and
-    # measured len(calibration) inputs at a time.
-    batch = len(calibration) if len(calibration) > 1 and batch_agnostic(model, calibration) else 1
-    if batch > 1:
-        stacked = chunks(calibration, batch)[0]
-        captured = capture(model, stacked, quant, [stacked], progress=progress, fold_weights=False)
-    else:
-        captured = capture(model, example_inputs, quant, calibration, progress=progress, fold_weights=False)
-    return measure_sensitivity(captured.graph_module, batches, labels, batch=batch, progress=progress,
-                               model=type(model).__name__)
+    gm, batch = capture_switchable(model, example_inputs, quant, calibration, progress)
+    return measure_sensitivity(gm, batches, labels, batch=batch, progress=progress, model=type(model).__name__)

@@ -238,24 +238,19 @@ def cmd_inspect(args) -> int:
 
 def cmd_demo(args) -> int:
     """Digits CNN: fp32 vs int8 accuracy on held-out digits, then the verification table."""
-    import torch
-
     from qlower import zoo
     from qlower.verification import verify_program
+    from qlower.verification.accuracy import measure_accuracy, pct
 
     model, example, quant, calib = zoo.get("digits_cnn")
-    _, _, x_test, y_test = zoo.digits.dataset()
     say(f"compiling digits_cnn for {args.target} (static int8, {len(calib)} calibration batches)…")
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib, trace=True)
-    with torch.no_grad():
-        fp32_pred = model(x_test).argmax(dim=1).numpy()
-    int8_pred = np.array([int(np.argmax(prog.run(x_test[i:i + 1])[0])) for i in range(len(x_test))])
-    y = y_test.numpy()
-    fp32_acc, int8_acc = float(np.mean(fp32_pred == y)), float(np.mean(int8_pred == y))
-    say(f"held-out digits: {len(y)} images")
-    say(f"  fp32 accuracy  {100 * fp32_acc:.2f}%")
-    say(f"  int8 accuracy  {100 * int8_acc:.2f}%  ({args.target})")
-    report = verify_program(prog, [(x_test[:1],)])
+    held_out = zoo.held_out("digits_cnn")
+    accuracy = measure_accuracy(prog, held_out)
+    say(f"held-out digits: {accuracy.images} images")
+    say(f"  fp32 accuracy  {pct(accuracy.fp32)}")
+    say(f"  int8 accuracy  {pct(accuracy.program)}  ({args.target})")
+    report = verify_program(prog, [(held_out.inputs[0][:1],)])
     say(report.table())
     return 0 if report.ok else 1
 

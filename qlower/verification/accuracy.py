@@ -19,6 +19,11 @@ from qlower.errors import InputError
 from qlower.progress import progress_bar
 
 
+def pct(x: float | None) -> str:
+    """An accuracy in [0, 1] as a percentage, or a dash when there is none."""
+    return "—" if x is None else f"{100 * x:.2f}%"
+
+
 @dataclass(frozen=True)
 class AccuracyReport:
     """Top-1 accuracies in [0, 1] on ``images`` labelled inputs; ``fake_quant`` and ``agreement`` are None
@@ -35,9 +40,6 @@ class AccuracyReport:
     detail: str = ""  # e.g. which layers auto_int16 promoted
 
     def table(self) -> str:
-        def pct(x: float | None) -> str:
-            return "—" if x is None else f"{100 * x:.2f}%"
-
         lines = [f"accuracy on {self.images} held-out inputs{f' ({self.label})' if self.label else ''}",
                  f"  fp32                  {pct(self.fp32)}",
                  f"  fake-quant (PyTorch)  {pct(self.fake_quant)}",
@@ -127,9 +129,6 @@ def measure_accuracy(program, data: object, *, limit: int | None = None, progres
 def comparison_table(reports: list[AccuracyReport]) -> str:
     """Several configurations of one model on one target (e.g. int8 and A16W8), a row each: what the
     higher precision buys in accuracy and costs in Vela's cycle estimate."""
-    def pct(x: float | None) -> str:
-        return "—" if x is None else f"{100 * x:.2f}%"
-
     first = reports[0]
     lines = [f"{first.target}, {first.images} held-out inputs; fp32 accuracy {pct(first.fp32)}",
              f"  {'configuration':34s} {'fake-quant':>10s} {'program':>9s} {'cycles':>12s}"]

@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.fx import GraphModule, Node
 
+from qlower.frontend.capture import capture
+from qlower.frontend.config import QuantConfig
 from qlower.frontend.quantizer import GEMM, GEMM_AXIS1, packet
 from qlower.frontend.source import module_path, source_location
 from qlower.progress import progress_bar
@@ -224,6 +226,22 @@ def batch_agnostic(model: nn.Module, samples: Sequence[tuple[torch.Tensor, ...]]
         return False
     return stacked.shape == alone.shape and bool(torch.allclose(stacked, alone, rtol=1e-4, atol=1e-5 * float(
         alone.abs().max())))
+
+
+def capture_switchable(model: nn.Module, example: tuple[torch.Tensor, ...], quant: QuantConfig,
+                       calibration: list[tuple[torch.Tensor, ...]], progress: bool) -> tuple[GraphModule, int]:
+    """The fake-quant graph ``measure_sensitivity`` switches (weights left unfolded), and how many inputs it
+    takes at once.
+
+    Min/max observers see the same values whether the calibration batches come one by one or stacked (up
+    to float32 rounding: a batched conv may round a last bit differently, moving a scale by an ulp, which
+    compile can't accept but a ranking can): a batch-agnostic model is calibrated in one forward and
+    measured ``len(calibration)`` inputs at a time."""
+    batch = len(calibration) if len(calibration) > 1 and batch_agnostic(model, calibration) else 1
+    if batch > 1:
+        stacked = chunks(calibration, batch)[0]
+        return capture(model, stacked, quant, [stacked], progress=progress, fold_weights=False).graph_module, batch
+    return capture(model, example, quant, calibration, progress=progress, fold_weights=False).graph_module, 1
 
 
 @torch.no_grad()
