@@ -12,7 +12,8 @@ is checked once against the reference interpreter (bit-exact). Targets on the
 LiteRT rows (``--no-litert`` skips them): the zoo models themselves, quantized by qlower at 224 and
 compiled for the ``litert`` target once per kernel family (``xnnpack``: the default delegates,
 ``builtin``: LiteRT's optimized builtin kernels), with qlower's ``cpu`` backend running the same
-quantized graph as a third column; the three alternate run by run. Each output is compared once with
+quantized graph as a third column; the three take turns in blocks of 10 timed runs (after 3
+untimed ones, so no runtime is timed against another's still-spinning thread pool). Each output is compared once with
 the reference interpreter on the program's source: max difference in output steps and share of exact
 elements.
 
@@ -48,6 +49,9 @@ MODELS = {  # name: (IR builder, zoo name, target ms)
     "mobilenet_v2": (build_mobilenet_v2, "mobilenet_v2", 16.0),
     "resnet18": (build_resnet18, "resnet18", 60.0),
 }
+
+
+BLOCK, SETTLE = 10, 3   # LiteRT rows: timed runs per block, untimed runs before each block
 
 
 def _time(fn) -> float:
@@ -96,7 +100,7 @@ def bench(name: str, runs: int, warmup: int, threads: int, check: bool) -> dict:
 
 
 def bench_litert(name: str, runs: int, warmup: int, threads: int) -> dict:
-    """The zoo model quantized at 224: LiteRT (xnnpack, builtin) and qlower's cpu backend, alternating."""
+    """The zoo model quantized at 224: LiteRT (xnnpack, builtin) and qlower's cpu backend, in turns."""
     import qlower
     from qlower.api import lower_graph
 
@@ -111,9 +115,14 @@ def bench_litert(name: str, runs: int, warmup: int, threads: int) -> dict:
     for _ in range(warmup):
         for p in progs.values():
             p.run(x)
-    for _ in range(runs):
+    # blocks of BLOCK runs, runtimes taking turns: each runtime's thread pool (OpenMP, ruy, pthreadpool)
+    # spins for a while after it runs, so run-by-run alternation would time each one against the
+    # previous one's spinning threads; a block's first runs are discarded instead
+    while min(len(t) for t in times.values()) < runs:
         for k, p in progs.items():
-            times[k].append(_time(lambda p=p: p.run(x)))
+            for _ in range(SETTLE):
+                p.run(x)
+            times[k].extend(_time(lambda p=p: p.run(x)) for _ in range(min(BLOCK, runs - len(times[k]))))
     rows = {}
     for k, p in progs.items():
         want, got = run_graph(p.source, [x])[0], p.run(x)[0]
@@ -166,7 +175,7 @@ def _print_table(r: dict) -> None:
     for line in (header, *rows):
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
     if r["zoo_models"]:
-        print("\nzoo models quantized by qlower (224x224, batch 1), same run, alternating:")
+        print("\nzoo models quantized by qlower (224x224, batch 1), same run, blocks taking turns:")
         print(f"{'model':14s} {'runtime':16s} {'median ms':>10s} {'p10-p90':>14s} {'max steps':>10s} {'exact':>8s}")
         for m in r["zoo_models"]:
             for k, row in m["rows"].items():

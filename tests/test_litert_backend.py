@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import qlower
-from qlower.backends.litert.verify import verify_tflite
+from qlower.backends.litert.verify import builtin_counts, verify_tflite
 from qlower.errors import InputError, InvalidProgramError
 from qlower.program.fileformat import program_from_bytes, program_to_bytes
 from qlower.reference import run_graph
@@ -95,6 +95,54 @@ def test_xnnpack_differs_by_at_most_one_step_and_says_so(programs):
     assert worst <= 1.0 + 1e-6
 
 
+def _delegated(model: bytes, threads: int = 1) -> list[str]:
+    """The operators LiteRT runs once the default delegates took their share ("DELEGATE" for each)."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    it = Interpreter(model_content=model, num_threads=threads)
+    it.allocate_tensors()
+    ops = it._get_ops_details()   # the original operators, then one node per delegated subgraph
+    return [o["op_name"] for o in ops if o["op_name"] == "DELEGATE"]
+
+
+def test_xnnpack_payload_takes_xnnpacks_own_forms_and_runs_as_one_delegate(programs, tmp_path):
+    """QUANTIZE, MEAN and DEQUANTIZE instead of the exact plain-integer forms (CAST, FLOOR_MOD, GATHER,
+    a float depthwise conv of ones), which XNNPACK doesn't take and which split its subgraph."""
+    payload = programs["xnnpack"].partitions[0].payload
+    ops = payload.meta["tflite_ops"]
+    assert payload.meta["forms"] == "native" and programs["reference"].partitions[0].payload.meta["forms"] == "exact"
+    assert {"QUANTIZE", "MEAN", "DEQUANTIZE"} <= set(ops) and ops["DEPTHWISE_CONV_2D"] == 1
+    assert not {"CAST", "GATHER", "FLOOR_MOD", "MUL", "SUM"} & set(ops)
+    assert _delegated(payload.blobs["model.tflite"]) == ["DELEGATE"]
+    exact = programs["reference"].partitions[0].payload.blobs["model.tflite"]
+    assert len(_delegated(exact)) > 1, "the exact forms split XNNPACK's subgraph (why native forms exist)"
+    # the file a user deploys has the forms the partition runs
+    with open(programs["xnnpack"].export(tmp_path / "m.tflite"), "rb") as f:
+        deployed = f.read()
+    assert builtin_counts(deployed) == ops and _delegated(deployed) == ["DELEGATE"]
+
+
+class _Mean(torch.nn.Module):
+    def forward(self, x):
+        return x.mean((2, 3))
+
+
+def test_xnnpack_native_quantize_mean_dequantize_stay_within_one_step():
+    """The three native forms alone (no convolution): at most one step from the reference, mostly exact."""
+    gen = torch.Generator().manual_seed(SEED)
+    x = torch.randn(1, 16, 7, 7, generator=gen)
+    calibration = [(torch.randn(1, 16, 7, 7, generator=gen) * 2,) for _ in range(4)]
+    prog = qlower.compile(_Mean().eval(), (x,), target="litert", calibration=calibration, progress=False,
+                          backend_options={"kernels": "xnnpack"})
+    assert set(prog.partitions[0].payload.meta["tflite_ops"]) >= {"QUANTIZE", "MEAN", "DEQUANTIZE"}
+    step = float(prog.source.ops[-1].operands[0].type.quant.scale[0])
+    inputs = [torch.randn(1, 16, 7, 7, generator=gen).numpy() * 2 for _ in range(40)]
+    diffs = np.concatenate([np.abs(prog.run(x)[0].astype(np.float64) - run_graph(prog.source, [x])[0]).ravel()
+                            for x in inputs]) / step
+    # a step, give or take XNNPACK's float32 DEQUANTIZE (an ulp of the value, well below 1e-4 steps)
+    assert diffs.max() <= 1 + 1e-4 and np.mean(diffs < 1e-4) > 0.9, (diffs.max(), np.mean(diffs < 1e-4))
+
+
 def test_save_and_load_run_the_same_numbers_with_the_same_kernels(programs, tmp_path):
     for kernels, prog in programs.items():
         path = tmp_path / f"{kernels}.qlp"
@@ -126,6 +174,31 @@ def test_an_altered_payload_byte_is_refused_at_load(programs):
     truncated = program_to_bytes(_with_model_bytes(prog, model[:100]))
     with pytest.raises(InvalidProgramError):
         program_from_bytes(truncated)
+
+
+def _with_meta(prog, **meta):
+    part = prog.partitions[0]
+    payload = dataclasses.replace(part.payload, meta={**part.payload.meta, **meta})
+    return dataclasses.replace(prog, partitions=[dataclasses.replace(part, payload=payload)], _runner=None)
+
+
+def test_native_forms_load_only_for_xnnpack_and_older_exact_xnnpack_payloads_still_load(programs):
+    from qlower.backends.litert.export import export_tflite
+    from qlower.backends.litert.verify import model_description
+
+    native = programs["xnnpack"]
+    with pytest.raises(InvalidProgramError, match="forms 'native' don't belong to its reference kernels"):
+        program_from_bytes(program_to_bytes(_with_meta(native, kernels="reference")))
+    with pytest.raises(InvalidProgramError, match="not what qlower writes"):
+        program_from_bytes(program_to_bytes(_with_meta(native, forms="exact")))
+    # a payload written before native forms: kernels xnnpack, exact forms, no "forms" key
+    part = native.partitions[0]
+    exact = export_tflite(part.subgraph, description=model_description(part.subgraph, "xnnpack"))
+    old = _with_model_bytes(native, exact)
+    old.partitions[0].payload.meta.pop("forms")
+    again = program_from_bytes(program_to_bytes(old))
+    x = _inputs(1)[0]
+    np.testing.assert_array_equal(again.run(x)[0], native.run(x)[0])
 
 
 def test_verify_rejects_malformed_models_with_a_reason_and_nothing_else(programs):

@@ -115,13 +115,16 @@ class Program:
         model file; returns its path. ``"tflite"``: a TFLite schema-3 flatbuffer of builtin operators
         that the stock LiteRT interpreter runs (UnsupportedOpError names an op with no TFLite form).
         Its numbers are the reference interpreter's under the LiteRT kernels whose rounding the program
-        has (compile for target ``litert`` with the ``kernels`` you deploy; the reference kernels by default)."""
+        has (compile for target ``litert`` with the ``kernels`` you deploy; the reference kernels by default);
+        a program compiled with ``kernels="xnnpack"`` writes XNNPACK's own forms, approximate as that payload."""
         if format not in self.EXPORT_FORMATS:
             raise ValueError(f"unknown export format {format!r}; formats: {', '.join(self.EXPORT_FORMATS)}")
         from qlower.backends.litert.export import export_tflite
         from qlower.program.fileformat import write_atomically
 
-        data = export_tflite(self.source, description=f"qlower program for {self.target}")
+        # a program compiled for XNNPACK exports the forms its LiteRT partition runs
+        native = any(p.payload.meta.get("forms") == "native" for p in self.partitions)
+        data = export_tflite(self.source, description=f"qlower program for {self.target}", native=native)
         write_atomically(path, data)
         return os.fspath(path)
 

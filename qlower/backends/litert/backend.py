@@ -5,8 +5,11 @@
 ``"xnnpack"`` (the default delegates). Before partitioning, ``rewrite`` gives every
 rescale that fuses into a TFLite GEMM the rounding those kernels use (rounding.py),
 so the program means what LiteRT computes: reference and builtin are bit-exact with
-the reference interpreter. XNNPACK requantizes some convolutions in float32; its
-payloads say so (``meta["exactness"]``) and benchmarks/latency.py measures it.
+the reference interpreter. XNNPACK requantizes some convolutions in float32, so
+its payloads are approximate anyway and take XNNPACK's own forms of quantize,
+dequantize, global means and padding (``export.py``, ``native``), which the delegate runs
+as one subgraph; they say so (``meta["exactness"]``, ``meta["forms"]``) and
+benchmarks/latency.py and litert_exactness.py measure it.
 
 Interpreters are built once per payload (the flatbuffer is verified first, see
 verify.py) and kept in a small bounded cache; a LiteRT interpreter is not safe
@@ -32,11 +35,13 @@ from qlower.ir import Graph, Op
 
 MODEL_BLOB = "model.tflite"
 KERNELS = ("reference", "builtin", "xnnpack")
+NATIVE_FORMS = ("xnnpack",)   # kernels approximate already: the export takes their own forms (export.py)
 _EXACTNESS = {
     "reference": "bit-exact with the reference interpreter (LiteRT reference kernels, BUILTIN_REF)",
     "builtin": "bit-exact with the reference interpreter (LiteRT optimized builtin kernels)",
-    "xnnpack": ("XNNPACK delegate: requantizes some convolutions in float32, so codes may differ from the "
-                "reference interpreter by 1 step near rounding ties (measured in benchmarks/latency.py)"),
+    "xnnpack": ("XNNPACK delegate: requantizes some convolutions in float32 and runs TFLite's own QUANTIZE, "
+                "DEQUANTIZE and MEAN, so codes may differ from the reference interpreter by a step near rounding "
+                "ties (measured in benchmarks/litert_exactness.py)"),
 }
 _CACHE_SIZE = 16
 
@@ -71,7 +76,8 @@ class LiteRtBackend(Backend):
         return Verdict.yes() if reason is None else Verdict.no(reason)
 
     def lower(self, subgraph: Graph, target: str, trace: bool = False) -> Payload:
-        model = export_tflite(subgraph, description=model_description(subgraph, self.kernels))
+        native = self.kernels in NATIVE_FORMS
+        model = export_tflite(subgraph, description=model_description(subgraph, self.kernels), native=native)
         names = {v.name for op in subgraph.ops for v in op.results if op.kind != "constant"}
         names |= {v.name for v in subgraph.inputs}
         return Payload(
@@ -80,6 +86,7 @@ class LiteRtBackend(Backend):
             output_types=tuple(v.type for v in subgraph.outputs),
             tensor_map={n: n for n in sorted(names)} if trace else {},
             meta={"kernels": self.kernels, "threads": self.threads, "exactness": _EXACTNESS[self.kernels],
+                  "forms": "native" if native else "exact",
                   "tflite_ops": builtin_counts(model), "tflite_bytes": len(model),
                   "exact_kernels": rounding.exact_kernels(subgraph),
                   # as Ethos-U says its execution is simulated: `qlower run` prints it

@@ -12,6 +12,14 @@ Each IR op becomes TFLite builtin operators (no custom ops):
   (``emit.py``);
 - ops that only move or compare codes map one to one, on raw codes.
 
+``native=True`` (the ``xnnpack`` kernels, approximate already) trades exactness
+for XNNPACK's own forms, so the delegate takes the whole model instead of
+stopping at every plain-integer op: a per-tensor int8 ``quantize`` /
+``dequantize`` becomes QUANTIZE / DEQUANTIZE, a global int8 average
+(widened to int16, pooled, rescaled back) one MEAN, and padding with the
+zero point PAD (exact) instead of PADV2. ``benchmarks/litert_exactness.py``
+measures the difference.
+
 An op with no exact form raises UnsupportedOpError naming the op, its source
 line and why. Tensors are named after the IR values they hold, so a traced run
 can read any of them.
@@ -48,8 +56,9 @@ def _tfl_dtype(t: TensorType) -> str:
 
 
 class _Export:
-    def __init__(self, graph: Graph, description: str):
+    def __init__(self, graph: Graph, description: str, native: bool = False):
         self.graph = graph
+        self.native = native
         self.b = Builder()
         self.b.writer.description = description
         self.tensors: dict[Value, int] = {}
@@ -58,7 +67,11 @@ class _Export:
         self.outputs = set(graph.outputs)
         self.adds = add_groups(graph)
         self.ranges = CodeRanges(graph)
-        self.in_add = {id(m) for g in self.adds.values() for m in g.members}
+        self.means = _native_means(graph, self.users, self.producers, self.outputs) if native else {}
+        # ops written by another op's emitter: an add group's members by its output rescale, a native
+        # mean's widening and pool by its final rescale
+        self.skipped = {id(m) for g in self.adds.values() for m in g.members}
+        self.skipped |= {id(o) for _, inner in self.means.values() for o in inner}
 
     # -- tensors of IR values -----------------------------------------------------------------
     def value(self, v: Value) -> int:
@@ -99,8 +112,8 @@ class _Export:
             self.bind(v, t)
             inputs.append(t)
         for op in self.graph.ops:
-            if op.kind == "constant" or id(op) in self.in_add:
-                continue   # constants are written where they are read; an add group by its output rescale
+            if op.kind == "constant" or id(op) in self.skipped:
+                continue   # constants are written where they are read, see self.skipped for the others
             if op.kind in GEMMS and all(self.fused_gemm(u) is op for u in self.users.get(op.result, [])) \
                     and self.users.get(op.result) and op.result not in self.outputs:
                 continue   # emitted by the rescale that reads it
@@ -127,6 +140,29 @@ class _Export:
     def _reshape(self, t: int, shape, name: str, quant=None) -> int:
         new_shape = self.b.const(f"{name}/shape", np.asarray(shape, dtype=np.int32), "int32")
         return self.b.op(B.RESHAPE, [t, new_shape], name, shape, self.b.dtype(t), quant)
+
+
+def _native_means(graph: Graph, users, producers, outputs) -> dict[int, tuple[Value, tuple[Op, Op]]]:
+    """id(final rescale) -> (int8 input, (widening rescale, pool)) of every global int8 average the
+    frontend wrote as rescale to int16, whole-plane avg_pool2d, rescale to int8: one TFLite MEAN."""
+    found = {}
+    for pool in graph.ops:
+        if pool.kind != "avg_pool2d" or any(pool.attrs["pad"]) or pool.result in outputs:
+            continue
+        widen, (final, *more) = producers.get(pool.operands[0]), users.get(pool.result, [None])
+        if widen is None or widen.kind != "rescale" or more or final is None or final.kind != "rescale":
+            continue
+        x = widen.operands[0]
+        if not (_int8_per_tensor(x.type) and _int8_per_tensor(final.result.type)) \
+                or tuple(pool.attrs["kernel"]) != x.type.shape[1:3] or widen.result in outputs \
+                or users.get(widen.result) != [pool]:
+            continue
+        found[id(final)] = (x, (widen, pool))
+    return found
+
+
+def _int8_per_tensor(t: TensorType) -> bool:
+    return t.dtype is DType.INT8 and t.quant is not None and not t.quant.is_per_channel and not t.quant.dynamic
 
 
 def _unsupported(op: Op, reason: str) -> UnsupportedOpError:
@@ -284,6 +320,9 @@ def _padv2(ex: _Export, t: int, vt: TensorType, pads: np.ndarray, value, name: s
     b = ex.b
     shape = tuple(int(d + p0 + p1) for d, (p0, p1) in zip(b.shape(t), pads))
     quant = b.writer.tensors[t].quant
+    if ex.native and quant is not None and len(quant.zero_point) == 1 and np.all(value == quant.zero_point[0]):
+        # a quantized PAD pads with the zero point: the same codes, in the form XNNPACK fuses into the conv
+        return b.op(B.PAD, [t, b.const(f"{name}/pads", pads, "int32")], name, shape, b.dtype(t), quant)
     fill = b.const(f"{name}/value", np.asarray(value, dtype=b.dtype(t)), b.dtype(t), quant)
     return b.op(B.PADV2, [t, b.const(f"{name}/pads", pads, "int32"), fill], name, shape, b.dtype(t), quant)
 
@@ -296,6 +335,10 @@ def _rescale(ex: _Export, op: Op) -> None:
         return _emit_fused(ex, gemm, op)
     if id(op) in ex.adds:
         return _emit_add(ex, ex.adds[id(op)])
+    if id(op) in ex.means:
+        axes = ex.b.const(f"{op.result.name}/axes", np.asarray([1, 2], np.int32), "int32")
+        ex.result(op, B.MEAN, [ex.value(ex.means[id(op)][0]), axes], options("ReducerOptions", KeepDims=True))
+        return
     src, out = op.operands[0].type.quant, op.attrs["out"]
     mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])
     lo, hi = ex.ranges.of(op.operands[0])
@@ -331,6 +374,9 @@ def _fusion_reason(ex: _Export, op: Op) -> str:
 def _quantize(ex: _Export, op: Op) -> None:
     """float -> codes as the reference: round_half_even(x * float32(1/scale)) + zp, clamped, in float32."""
     q = op.attrs["out"]
+    if ex.native and _int8_per_tensor(op.result.type):
+        ex.result(op, B.QUANTIZE, [ex.value(op.operands[0])])
+        return
     if op.result.type.dtype not in (DType.INT8, DType.INT16):
         raise NotExact("quantize to int32 has no exact float32 form")
     b, rank = ex.b, op.result.type.rank
@@ -351,6 +397,10 @@ def _dequantize(ex: _Export, op: Op) -> None:
     # DEQUANTIZE rounds differently (1 ulp), and XNNPACK can't take one whose input is a constant
     t = op.operands[0].type
     b, q, name = ex.b, t.quant, op.result.name
+    source = ex.producers.get(op.operands[0])
+    if ex.native and _int8_per_tensor(t) and (source is None or source.kind != "constant"):
+        ex.result(op, B.DEQUANTIZE, [ex.value(op.operands[0])])
+        return
     x = ex.plain(op.operands[0])
     if any(q.zero_point):
         x = b.binary_const(B.SUB, x, channel_shape(np.asarray(q.zero_point, np.int32), t.rank, q.axis), f"{name}/c")
@@ -636,9 +686,10 @@ def fused_pairs(graph: Graph) -> dict[int, tuple[Op, Op]]:
     return pairs
 
 
-def export_tflite(graph: Graph, description: str = "qlower") -> bytes:
-    """The TFLite model (schema 3) computing exactly what ``graph`` means; UnsupportedOpError otherwise."""
+def export_tflite(graph: Graph, description: str = "qlower", native: bool = False) -> bytes:
+    """The TFLite model (schema 3) computing exactly what ``graph`` means; UnsupportedOpError otherwise.
+    ``native``: XNNPACK's own forms where they approximate the exact ones (see the module docstring)."""
     try:
-        return _Export(graph, description).run()
+        return _Export(graph, description, native).run()
     except NotExact as e:
         raise UnsupportedOpError(f"graph '{graph.name}' can't be exported to TFLite: {e}") from None

@@ -145,6 +145,10 @@ def loaded_payload_problem(subgraph: Graph, payload: Payload) -> str | None:
         verify_tflite(model)
     except InvalidProgramError as e:
         return str(e)
-    if model != export_tflite(subgraph, description=model_description(subgraph, str(kernels))):
+    forms = payload.meta.get("forms", "exact")   # xnnpack payloads written before native forms are exact
+    if forms not in ("exact", "native") or (forms == "native" and kernels != "xnnpack"):
+        return f"the litert payload's forms {str(forms)[:40]!r} don't belong to its {kernels} kernels"
+    if model != export_tflite(subgraph, description=model_description(subgraph, str(kernels)),
+                              native=forms == "native"):
         return "the .tflite payload is not what qlower writes for its subgraph (altered after compilation)"
     return None
