@@ -5,7 +5,9 @@ the compute part. Each model is compiled at its zoo default size (so the figures
 with other Ethos-U stacks on the same networks) for ethos-u85-256 in Sram_Only and
 Dedicated_Sram_384KB and for ethos-u55-128 in Shared_Sram, with Vela's default system
 configuration of each family. The peer column holds ExecuTorch 1.5.1's totals measured
-for issue 16 on the same weights and Vela (MobileNetV2 and ResNet-18 only).
+for issue 16 on the same weights and Vela (MobileNetV2 and ResNet-18 only). "unwidened" is the
+total of the same program compiled with ``widen_channels=False`` (no zero channels, see
+qlower/backends/ethosu/channels.py); "widened" lists the runs that got them.
 
     python benchmarks/npu_cycles.py [--models mobilenet_v2 resnet18] [--json benchmarks/results/npu_cycles.json]
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 
 import qlower
 from qlower import zoo
+from qlower.api import lower_graph
 
 CONFIGS = (("ethos-u85-256", "Sram_Only"), ("ethos-u85-256", "Dedicated_Sram_384KB"),
            ("ethos-u55-128", "Shared_Sram"))
@@ -39,12 +42,16 @@ def measure(name: str, target: str, memory_mode: str) -> dict:
     t0 = time.perf_counter()
     prog = qlower.compile(model, example, target=target, quant=quant, calibration=calib[:2], progress=False,
                           backend_options={"memory_mode": memory_mode})
+    seconds = time.perf_counter() - t0
     perf = [p.payload.meta["perf"] for p in prog.partitions]
+    plain = lower_graph(prog.source, target, backend_options={"memory_mode": memory_mode, "widen_channels": False})
+    widened = {f"{p.name}:{run}": width for p in prog.partitions for run, width in p.payload.meta["widened"].items()}
     host = sorted({d.op.kind for d in prog.decisions} - {"quantize", "dequantize", "transpose", "reshape"})
     return {"model": name, "target": target, "memory_mode": memory_mode, "partitions": len(prog.partitions),
             "npu_cycles": sum(p["npu_cycles"] for p in perf), "total_cycles": sum(p["total_cycles"] for p in perf),
             "peer_total_cycles": PEER_TOTAL.get((name, target, memory_mode)), "host_ops": host,
-            "compile_seconds": round(time.perf_counter() - t0, 1)}
+            "unwidened_total_cycles": sum(p.payload.meta["perf"]["total_cycles"] for p in plain.partitions),
+            "widened": widened, "compile_seconds": round(seconds, 1)}
 
 
 def main() -> None:
@@ -54,15 +61,17 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     print(f"{'model':18s} {'target':14s} {'memory mode':22s} {'NPU cycles':>12s} {'total cycles':>13s} "
-          f"{'peer total':>12s} {'ratio':>6s}  host ops")
+          f"{'unwidened':>12s} {'peer total':>12s} {'ratio':>6s}  host ops; widened runs")
     for name in args.models:
         for target, mode in CONFIGS:
             r = measure(name, target, mode)
             rows.append(r)
             peer = r["peer_total_cycles"]
             ratio = f"{r['total_cycles'] / peer:.3f}" if peer else ""
+            widened = ", ".join(f"{k}→{w}" for k, w in r["widened"].items())
             print(f"{name:18s} {target:14s} {mode:22s} {r['npu_cycles']:>12,} {r['total_cycles']:>13,} "
-                  f"{peer or '':>12} {ratio:>6s}  {', '.join(r['host_ops']) or '-'}", flush=True)
+                  f"{r['unwidened_total_cycles']:>12,} {peer or '':>12} {ratio:>6s}  "
+                  f"{', '.join(r['host_ops']) or '-'}; {widened or '-'}", flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"configs": CONFIGS, "rows": rows}, indent=2))
     print(f"wrote {args.json}")

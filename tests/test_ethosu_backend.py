@@ -179,7 +179,7 @@ def test_float_in_the_middle_on_u85():
         perf = meta["perf"]
         assert perf["total_cycles"] >= perf["npu_cycles"]
         assert f"{perf['total_cycles']:,} total cycles ({perf['npu_cycles']:,} NPU," in meta["summary"]
-        assert "Ethos_U85_SYS_DRAM_Mid / Dedicated_Sram_384KB, the defaults for ethos-u85)" in meta["summary"]
+        assert "Ethos_U85_SYS_DRAM_Mid / Dedicated_Sram_384KB, Vela's own defaults for ethos-u85)" in meta["summary"]
     # the host turns each int8 delegate result into float with an explicit dequantize
     users = res.host.users()
     for op in res.host.ops:

@@ -252,3 +252,18 @@ def test_memory_modes_are_those_of_vela_ini_the_accelerator_takes():
     u55, u85 = memory_modes("ethos-u55-128"), memory_modes("ethos-u85-256")
     assert {"Sram_Only", "Shared_Sram"} <= set(u55) and not any(m.startswith("Dedicated") for m in u55)
     assert {"Sram_Only", "Shared_Sram", "Dedicated_Sram_384KB"} <= set(u85)
+
+
+@pytest.mark.parametrize("accelerator", ["ethos-u55-128", "ethos-u65-256", "ethos-u85-256"])
+def test_default_system_config_and_memory_mode_are_velas_own(accelerator):
+    """With none given, qlower compiles for the system config and memory mode Vela's own command
+    line picks for the family (ArchitectureFeatures with its "internal-default"), read from Vela."""
+    from ethosu.vela import architecture_features as af
+
+    arch, exc, _ = vela.capture_fds(lambda: af.ArchitectureFeatures(
+        vela_config_files=None, accelerator_config=accelerator, system_config=af.ArchitectureFeatures.DEFAULT_CONFIG,
+        memory_mode=af.ArchitectureFeatures.DEFAULT_CONFIG, max_blockdep=af.ArchitectureFeatures.MAX_BLOCKDEP,
+        verbose_config=False, arena_cache_size=None))
+    assert exc is None
+    ours = vela.vela_config(accelerator)
+    assert (ours.system_config, ours.memory_mode) == (arch.system_config, arch.memory_mode)

@@ -1,6 +1,6 @@
 """The qlower IR: a typed SSA graph where quantization is part of every value's type."""
 
-from qlower.ir.builder import GraphBuilder, rebuild
+from qlower.ir.builder import GraphBuilder, copy_ops, rebuild
 from qlower.ir.dtypes import DType
 from qlower.ir.graph import Graph, Op, Origin, TensorType, Value
 from qlower.ir.opdefs import OPS, op_def
@@ -10,7 +10,7 @@ from qlower.ir.verifier import RULES, verify_graph
 
 __all__ = [
     "DType", "Graph", "GraphBuilder", "OPS", "Op", "Origin", "QuantSpec", "RULES", "TensorType", "Value",
-    "op_def", "print_graph", "print_op", "rebuild", "verify_graph",
+    "copy_ops", "op_def", "print_graph", "print_op", "rebuild", "verify_graph",
 ]
 
 

@@ -108,3 +108,29 @@ def rebuild(graph: Graph, rewrite: Callable[[GraphBuilder, Op, tuple[Operand, ..
     if finish is None:
         return b.build(mapping[v] for v in graph.outputs)
     return b.build([finish(b, v, mapping[v]) for v in graph.outputs])
+
+
+def copy_ops(graph: Graph, ops: list[Op], name: str, used_outside: set[Value]) -> tuple[Graph, list[Value], list[Value]]:
+    """Copy ``ops`` (plus the constants they read) into a graph of their own: what they read from
+    other ops becomes its inputs, their results in ``used_outside`` its outputs. Returns the graph and
+    the original values behind its inputs and outputs."""
+    producer = graph.producers()
+    inside = set(ops)
+    b = GraphBuilder(name)
+    mapping: dict[Value, Value] = {}
+    boundary_in: list[Value] = []
+    for op in ops:
+        for v in op.input_values():
+            if v in mapping:
+                continue
+            p = producer.get(v)
+            if p is not None and p.kind == "constant":
+                mapping[v] = b.emit(p, ())[0]
+            elif p not in inside:
+                mapping[v] = b.input(v.name, v.type, v.origin)
+                boundary_in.append(v)
+        operands = tuple(tuple(mapping[x] for x in o) if isinstance(o, tuple) else (None if o is None else mapping[o])
+                         for o in op.operands)
+        mapping.update(zip(op.results, b.emit(op, operands)))
+    boundary_out = [r for op in ops for r in op.results if r in used_outside]
+    return b.build(mapping[v] for v in boundary_out), boundary_in, boundary_out

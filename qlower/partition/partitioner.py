@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from qlower.contract import Backend, Payload, Verdict
 from qlower.errors import CompileError
-from qlower.ir import Graph, GraphBuilder, Op, TensorType, Value
+from qlower.ir import Graph, GraphBuilder, Op, TensorType, Value, copy_ops
 from qlower.progress import progress_bar
 from qlower.reference.aten_fallback import fallback_reason
 
@@ -99,30 +99,6 @@ def _assign(graph: Graph, verdicts: dict[Op, Verdict]) -> dict[Op, int]:
     return part_of
 
 
-def _subgraph(graph: Graph, ops: list[Op], name: str, used_outside: set[Value]) -> tuple[Graph, list[Value], list[Value]]:
-    """Copy ``ops`` (plus the constants they read) into a graph of their own."""
-    producer = graph.producers()
-    inside = set(ops)
-    b = GraphBuilder(name)
-    mapping: dict[Value, Value] = {}
-    boundary_in: list[Value] = []
-    for op in ops:
-        for v in op.input_values():
-            if v in mapping:
-                continue
-            p = producer.get(v)
-            if p is not None and p.kind == "constant":
-                mapping[v] = b.emit(p, ())[0]
-            elif p not in inside:
-                mapping[v] = b.input(v.name, v.type, v.origin)
-                boundary_in.append(v)
-        operands = tuple(tuple(mapping[x] for x in o) if isinstance(o, tuple) else (None if o is None else mapping[o])
-                         for o in op.operands)
-        mapping.update(zip(op.results, b.emit(op, operands)))
-    boundary_out = [r for op in ops for r in op.results if r in used_outside]
-    return b.build(mapping[v] for v in boundary_out), boundary_in, boundary_out
-
-
 def convert_type(b: GraphBuilder, v: Value, want: TensorType) -> Value:
     """An explicit host op taking ``v`` to ``want`` (same shape): never a reinterpretation."""
     have = v.type
@@ -192,7 +168,7 @@ def _partition(graph: Graph, backend: Backend, target: str, prefix: str, trace: 
     boundaries: dict[int, tuple[list[Value], list[Value]]] = {}
     for idx, (pid, ops) in enumerate(sorted(groups.items())):
         name = f"{prefix}{idx}"
-        sub, bin_, bout = _subgraph(graph, ops, name, used_outside(ops))
+        sub, bin_, bout = copy_ops(graph, ops, name, used_outside(ops))
         bar.set_description(f"{target}: lowering {name}")
         try:
             payload = backend.lower(sub, target, trace=trace)

@@ -17,13 +17,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from qlower.backends.ethosu.channels import cheaper_widths, narrowed_tensors, unpad_traced, widen
 from qlower.backends.ethosu.means import cheapest_means
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
-from qlower.backends.ethosu.vela import ACCELERATORS, IOTensor, VelaConfig, VelaDroppedIO, compile_tosa, vela_config
+from qlower.backends.ethosu.vela import (
+    ACCELERATORS,
+    IOTensor,
+    VelaConfig,
+    VelaDroppedIO,
+    compile_tosa,
+    total_cycles,
+    vela_config,
+)
 from qlower.backends.tosa.backend import GRAPH_BLOB
 from qlower.backends.tosa.consumer import TosaConsumer, simulated
 from qlower.contract import Payload, Verdict
-from qlower.errors import CompileError
+from qlower.errors import CompileError, QlowerError
 from qlower.ir import DType, Graph, GraphBuilder, Op, TensorType, Value, rebuild
 
 TOSA_PROFILE = "tosa-1.0+int"
@@ -145,12 +156,24 @@ def _lower_unvalidated(graph: Graph) -> tuple[bytes, list[str]]:
     return writer.serialize(), sorted(writer.op_counts())
 
 
+def graph_cycles(graph: Graph, config: VelaConfig) -> int | None:
+    """Vela's total cycle estimate of ``graph`` alone, or None when it can't be lowered or compiled
+    (what the cost-driven rewrites compare; remembered by the graph's TOSA, see ``total_cycles``)."""
+    try:
+        tosa, _ = _lower_unvalidated(graph)
+    except QlowerError:
+        return None
+    return total_cycles(tosa, config)
+
+
 class EthosUBackend(TosaConsumer):
     """Arm Ethos-U55/U65/U85 through Vela. Options: Vela's system config and memory mode
     (defaults: Vela's own per family), ``per_layer`` (default on) for Vela's per-operator
-    estimate in the payload meta, each row with its IR value and the model's source line, Vela's ``optimise`` goal ("Performance" or "Size"), and ``trace``
-    to keep the TOSA backend's trace graph (``blobs["trace.tosa"]``) so that the simulated
-    run can report every intermediate tensor for per-layer comparison."""
+    estimate in the payload meta, each row with its IR value and the model's source line, Vela's ``optimise`` goal ("Performance" or "Size"),
+    ``widen_channels`` (default on: runs of convolutions get zero channels where Vela costs them
+    lower, see channels.py), and ``trace`` to keep the TOSA backend's trace graph
+    (``blobs["trace.tosa"]``) so that the simulated run can report every intermediate tensor for
+    per-layer comparison."""
 
     name = "ethos-u"
     title = "Ethos-U"
@@ -158,9 +181,11 @@ class EthosUBackend(TosaConsumer):
     compiler_blobs = ("command_stream.bin", "read_only.bin")
 
     def __init__(self, system_config: str | None = None, memory_mode: str | None = None,
-                 per_layer: bool = True, optimise: str = "Performance", trace: bool = False) -> None:
+                 per_layer: bool = True, optimise: str = "Performance", trace: bool = False,
+                 widen_channels: bool = True) -> None:
         self.system_config, self.memory_mode = system_config, memory_mode
         self.per_layer, self.optimise, self.trace = per_layer, optimise, trace
+        self.widen_channels = widen_channels
         self.facts = GraphFacts()
 
     def tosa_profile(self, target: str) -> str:
@@ -191,7 +216,9 @@ class EthosUBackend(TosaConsumer):
             raise CompileError(f"partition '{subgraph.name}' has no outputs: Vela has nothing to compile "
                                "(dead code; run dead-code elimination before partitioning)")
         trace = trace or self.trace
-        subgraph, tosa, result = self._compile_with_own_buffers(subgraph, config, trace)
+        widths = cheaper_widths(subgraph, lambda g: graph_cycles(g, config)) if self.widen_channels else {}
+        narrowed = narrowed_tensors(subgraph, widths)
+        subgraph, tosa, result = self._compile_with_own_buffers(widen(subgraph, widths), config, trace)
         if len(result.inputs) != len(subgraph.inputs) or len(result.outputs) != len(subgraph.outputs):
             raise CompileError(f"Vela's command stream has {len(result.inputs)} inputs and {len(result.outputs)} "
                                f"outputs, the partition {len(subgraph.inputs)} and {len(subgraph.outputs)}")
@@ -210,21 +237,47 @@ class EthosUBackend(TosaConsumer):
                    + [{"kind": "output", "value": v.name, **io.as_meta()}
                       for io, v in zip(result.outputs, subgraph.outputs)]),
             "perf": result.perf, "execution": EXECUTION, "vela_seconds": round(result.seconds, 4),
+            "widened": widths, "narrowed": narrowed,
         }
         # the total is what the device spends: NPU work plus the time it waits on memory
         total, npu = result.perf["total_cycles"], result.perf["npu_cycles"]
         family = "-".join(target.split("-")[:2])
-        chosen = ("the defaults for " + family if self.system_config is None and self.memory_mode is None
+        chosen = ("Vela's own defaults for " + family if self.system_config is None and self.memory_mode is None
                   else "as chosen")
         meta["summary"] = (f"Vela ({config.system_config} / {config.memory_mode}, {chosen}): {total:,} total cycles "
                            f"({npu:,} NPU, {max(total - npu, 0):,} waiting on memory), "
                            f"{1e3 * result.perf['inference_seconds']:.2f} ms at {config.core_clock / 1e6:g} MHz "
                            f"(estimates); runs here {EXECUTION}")
+        if widths:
+            runs_text = ", ".join(f"%{name} {narrowed[name]}→{w}" for name, w in sorted(widths.items()))
+            meta["summary"] += f"; channels widened with zeros where Vela costs them lower: {runs_text}"
         if result.per_layer is not None:
             meta["per_layer"] = layer_sources(result.per_layer, tosa.tensor_map, subgraph)
             meta["details"] = top_layers(meta["per_layer"], total)
         return self.wrap(target, tosa, {"command_stream.bin": result.command_stream, "read_only.bin": result.read_only},
                          in_types, out_types, meta)
+
+    def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
+        """The partition as ``lower`` compiled it: widened as its metadata says (validated), then
+        the TOSA graph and blobs as every TOSA consumer checks them."""
+        widths = payload.meta.get("widened", {})
+        try:
+            if not isinstance(widths, dict):
+                raise ValueError("not a table of runs")
+            wide = widen(subgraph, widths)
+        except ValueError as e:
+            return f"its widened channels don't fit its subgraph: {e}"
+        if payload.meta.get("narrowed", {}) != narrowed_tensors(subgraph, widths):
+            return "its narrowed tensors are not those of its widened channels"
+        return super().check_loaded(wide, payload)
+
+    def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
+                       tensors: Sequence[str]) -> dict[str, np.ndarray]:
+        """Traced tensors as the program has them: a widened run's zero channels cut off."""
+        traced = super().execute_traced(payload, inputs, tensors)
+        narrowed = payload.meta.get("narrowed", {})   # by IR value; traced tensors are named by the tensor map
+        channels = {t: narrowed[v] for t, v in payload.tensor_map.items() if v in narrowed}
+        return {t: unpad_traced(a, channels[t]) if t in channels else a for t, a in traced.items()}
 
     def _compile_with_own_buffers(self, subgraph: Graph, config: VelaConfig, trace: bool):
         """(graph compiled, TOSA payload, Vela result) with a buffer of its own for every output.

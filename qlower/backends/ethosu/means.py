@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from qlower.backends.ethosu.vela import VelaConfig, compile_tosa
-from qlower.errors import QlowerError
+from qlower.backends.ethosu.vela import VelaConfig
 from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, Value, rebuild
 
 
@@ -72,13 +71,9 @@ def _alone(x_type: TensorType, wide: QuantSpec, out: QuantSpec, pooled: bool) ->
 
 @functools.lru_cache(maxsize=256)
 def _cycles(x_type: TensorType, wide: QuantSpec, out: QuantSpec, pooled: bool, config: VelaConfig) -> int | None:
-    from qlower.backends.ethosu.backend import _lower_unvalidated
+    from qlower.backends.ethosu.backend import graph_cycles
 
-    try:
-        tosa, _ = _lower_unvalidated(_alone(x_type, wide, out, pooled))
-        return int(compile_tosa(tosa, config).perf["total_cycles"])
-    except QlowerError:
-        return None
+    return graph_cycles(_alone(x_type, wide, out, pooled), config)
 
 
 def pool_is_cheaper(mean: GlobalMean, out: QuantSpec, config: VelaConfig) -> bool:

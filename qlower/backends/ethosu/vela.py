@@ -21,11 +21,14 @@ Vela's own ``ArchitectureFeatures`` against its bundled ``vela.ini``.
 
 from __future__ import annotations
 
+import collections
 import functools
+import hashlib
 import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,7 +45,8 @@ ACCELERATORS: tuple[str, ...] = (
     "ethos-u65-256", "ethos-u65-512",
     "ethos-u85-128", "ethos-u85-256", "ethos-u85-512", "ethos-u85-1024", "ethos-u85-2048",
 )
-# Vela's defaults when no system config / memory mode is given (as its command line picks them).
+# Vela's defaults when no system config / memory mode is given: its command line's "internal-default"
+# (ArchitectureFeatures._set_default_sys_config / _set_default_mem_mode; tests/test_ethosu_vela.py checks)
 DEFAULT_SYSTEM: dict[str, tuple[str, str]] = {
     "ethos-u55": ("Ethos_U55_High_End_Embedded", "Shared_Sram"),
     "ethos-u65": ("Ethos_U65_Client_Server", "Dedicated_Sram_384KB"),
@@ -290,6 +294,29 @@ def _io(raw: list[Any], described: list[tuple[str, str, tuple[int, ...]]], what:
     return tuple(IOTensor(name, dtype, shape, tuple(int(d) for d in t.shape), int(t.element_size), int(t.size),
                           int(t.region), int(t.address))
                  for t, (name, dtype, shape) in zip(raw, described))
+
+
+_TOTALS: collections.OrderedDict[tuple[bytes, VelaConfig], int | None] = collections.OrderedDict()
+_TOTALS_LOCK = threading.Lock()
+
+
+def total_cycles(buf: bytes, config: VelaConfig) -> int | None:
+    """Vela's total cycle estimate of a TOSA graph (None when Vela refuses it), remembered by the
+    graph's digest: cost models ask about the same small graphs again and again."""
+    key = (hashlib.sha256(buf).digest(), config)
+    with _TOTALS_LOCK:
+        if key in _TOTALS:
+            _TOTALS.move_to_end(key)
+            return _TOTALS[key]
+    try:
+        total = int(compile_tosa(buf, config).perf["total_cycles"])
+    except CompileError:
+        total = None
+    with _TOTALS_LOCK:
+        _TOTALS[key] = total
+        while len(_TOTALS) > 1024:
+            _TOTALS.popitem(last=False)
+    return total
 
 
 def compile_tosa(buf: bytes, config: VelaConfig, per_layer: bool = False, optimise: str = "Performance") -> VelaResult:
