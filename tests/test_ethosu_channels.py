@@ -129,13 +129,29 @@ def test_vela_decides_and_widening_lowers_the_total(widened):
         np.testing.assert_array_equal(p.run(x)[0], run_graph(p.source, [x.numpy()])[0])
 
 
-def test_a_widened_program_verifies_per_layer_saves_and_loads(widened):
+def _verify_bottleneck():
     torch.manual_seed(SEED)
     gen = torch.Generator().manual_seed(SEED)
     x = torch.randn(1, 8, 28, 28, generator=gen)
     calibration = [(torch.randn(1, 8, 28, 28, generator=gen),) for _ in range(2)]
-    report = qlower.verify(Bottleneck().eval(), (x,), target=U85, calibration=calibration, progress=False,
-                           backend_options={"memory_mode": "Sram_Only"})
+    return qlower.verify(Bottleneck().eval(), (x,), target=U85, calibration=calibration, progress=False,
+                         backend_options={"memory_mode": "Sram_Only"})
+
+
+def test_a_traced_tensor_of_another_shape_fails_verification(monkeypatch):
+    """Without cutting the zero channels off, the widened tensors reach the report at 40 channels:
+    a failure, not a comparison quietly left out."""
+    import qlower.backends.ethosu.backend as backend
+
+    monkeypatch.setattr(backend, "unpad_traced", lambda value, channels: value)
+    report = _verify_bottleneck()
+    assert not report.ok
+    wrong = [r for r in report.layers if r.target_vs_ref is not None and r.target_vs_ref.max_steps == float("inf")]
+    assert {"conv2d_1", "add_3"} <= {r.value for r in wrong}
+
+
+def test_a_widened_program_verifies_per_layer_saves_and_loads(widened):
+    report = _verify_bottleneck()
     assert report.ok, report.problems
     inside = [r for r in report.layers if r.inside_partition]
     assert {"conv2d_1", "add_3"} <= {r.value for r in inside}, "the widened tensors are among the layers"

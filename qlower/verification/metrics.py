@@ -33,6 +33,11 @@ class Comparison:
                           min(c.exact_share for c in made),
                           max(c.max_abs for c in made), min(sqnrs) if sqnrs else None)
 
+    @staticmethod
+    def mismatched_shape() -> Comparison:
+        """A stage that produced a tensor of another shape: nothing of it agrees (never a skipped check)."""
+        return Comparison(float("inf"), 0.0, float("inf"), None)
+
     def as_dict(self) -> dict:
         return {"max_steps": self.max_steps, "exact_share": self.exact_share,
                 "max_abs": self.max_abs, "sqnr_db": self.sqnr_db}

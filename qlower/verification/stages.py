@@ -22,7 +22,7 @@ from qlower.program import Program
 from qlower.reference import run_graph
 from qlower.runtime import as_numpy
 from qlower.verification.isolated import isolated_codes
-from qlower.verification.metrics import compare_codes, compare_floats, to_codes
+from qlower.verification.metrics import Comparison, compare_codes, compare_floats, to_codes
 from qlower.verification.report import LayerRow, OutputRow, VerificationReport
 
 _QUANTIZE = "quantize_per_tensor"
@@ -170,7 +170,8 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
         rows.append(LayerRow(
             value=v.name, op=v.origin.node, module=v.origin.module, source=v.origin.source, type=str(v.type),
             ref_vs_fake_quant=None if fq is None else compare_codes(ref, fq, v.quant, fp),
-            target_vs_ref=None if tgt is None or tgt.shape != ref.shape else compare_codes(tgt, ref, v.quant),
+            target_vs_ref=None if tgt is None else Comparison.mismatched_shape() if tgt.shape != ref.shape
+            else compare_codes(tgt, ref, v.quant),
             inside_partition=v.name in where,
             isolated_vs_fake_quant=None if fq is None or v not in isolated
             else compare_codes(isolated[v], fq, v.quant),
