@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from seeds import suite_seeds
 
 from qlower.backends.ethosu import EthosUBackend
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, Value, verify_graph
@@ -96,8 +97,9 @@ def random_graph(seed: int):
     return verify_graph(b.build(sinks))
 
 
+@pytest.mark.fuzz
 @pytest.mark.parametrize("target", ["ethos-u85-256", "ethos-u55-128"])
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", suite_seeds(6, "ethos-u"))
 def test_random_graph_is_bit_exact_through_vela(seed, target):
     g = random_graph(seed)
     be = EthosUBackend()
