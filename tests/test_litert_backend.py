@@ -303,3 +303,30 @@ def test_a_global_mean_is_exact_on_litert_at_any_size(side):
     assert ("SUM" in ops) == (side == 40) and len(prog.partitions) == 1
     assert not {d.op.kind for d in prog.decisions} - {"quantize", "dequantize", "transpose", "reshape"}
     np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x.numpy()])[0])
+
+
+def test_without_a_thread_count_litert_uses_every_core_it_may(monkeypatch):
+    """LiteRT on its own runs one thread; a program compiled without ``threads`` uses the cores the
+    process may run on, as the cpu backend does, and an explicit count is kept."""
+    import os
+
+    import ai_edge_litert.interpreter as litert
+
+    from qlower.backends.litert import backend
+
+    seen = []
+    real = litert.Interpreter
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["num_threads"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(litert, "Interpreter", spy)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    backend._interpreters.clear()
+    model, example, calibration = _model()
+    for threads in (None, 1):
+        prog = qlower.compile(model, example, target="litert", calibration=calibration, progress=False,
+                              backend_options={"kernels": "xnnpack", "threads": threads})
+        prog.run(_inputs(1)[0])
+    assert seen == [3, 1]

@@ -27,6 +27,15 @@ def max_threads() -> int:
     return int(raw)
 
 
+def available_cores() -> int:
+    """The cores this process may run on: what a run with no thread count given uses (torch's own
+    default for the cpu backend; LiteRT's would be one thread)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def check_threads(threads: object, what: str = "threads") -> int | None:
     """``threads`` when it is None or an integer in [1, max_threads()]; ConfigError otherwise."""
     if threads is None:

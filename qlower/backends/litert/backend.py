@@ -28,7 +28,7 @@ from qlower.backends.litert import rounding
 from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, unsupported_reason
 from qlower.backends.litert.fused_add import add_groups, to_tflite_add
 from qlower.backends.litert.verify import builtin_counts, loaded_payload_problem, model_description, verify_tflite
-from qlower.backends.threads import check_threads
+from qlower.backends.threads import available_cores, check_threads
 from qlower.contract import Backend, Execution, Payload, Verdict, check_payload_inputs
 from qlower.errors import ConfigError, ExecutionError, InputError
 from qlower.ir import Graph, Op
@@ -116,8 +116,9 @@ class _Interpreter:
                     "builtin": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
                     "xnnpack": OpResolverType.AUTO}[kernels]
         try:
+            # no count given: every core this process may use, as the cpu backend (LiteRT alone uses one)
             self.it = Interpreter(model_content=model, experimental_op_resolver_type=resolver,
-                                  num_threads=threads, experimental_preserve_all_tensors=keep_all)
+                                  num_threads=threads or available_cores(), experimental_preserve_all_tensors=keep_all)
             self.it.allocate_tensors()
         except (RuntimeError, ValueError) as e:
             raise ExecutionError(f"LiteRT refused the partition's model: {e}") from e
