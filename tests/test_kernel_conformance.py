@@ -189,6 +189,16 @@ def _table(b):
                  out=q16(0.002, 0))]
 
 
+def _table_interp(b):
+    """TOSA's interpolated int16 TABLE: random knots (slopes up to int16) and a smooth curve."""
+    rng = rng_for("table_interp")
+    x = b.input("x", TensorType((4, 9), I16, q16(0.001, 0)))
+    steep = np.cumsum(rng.integers(-2**14, 2**14, 513)).clip(-2**15, 2**15 - 1).astype(np.int16)
+    smooth = (30000 * np.tanh(np.linspace(-3, 3, 513))).astype(np.int16)
+    out = QuantSpec.per_tensor(0.001 / 128, 0, I32)
+    return [b.op("table_interp", x, table=t, out=out) for t in (steep, smooth)]
+
+
 def _quantize(b):
     f = b.input("f", TensorType((2, 3, 4), F32))
     return [b.op("quantize", f, out=q8(0.02, 3, qmin=-127, qmax=127)),
@@ -288,6 +298,7 @@ ROWS: list[tuple[str, str, Build]] = [
     *[(k, "int8 float", _movement) for k in ("concat", "reshape", "transpose", "pad", "slice", "constant")],
     ("gather", "int8 float", _gather),
     ("table", "int8 int16", _table),
+    ("table_interp", "int16", _table_interp),
     ("quantize", "per tensor, per channel, int16, int32", _quantize),
     ("dequantize", "int8 int16 int32", _dequantize), ("dequantize", "runtime scale", _dynamic_quantize),
     ("dynamic_quantize", "per tensor and per row", _dynamic_quantize),

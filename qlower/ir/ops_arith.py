@@ -181,6 +181,26 @@ def _table(ops, attrs):
     return (TensorType(x.shape, out.dtype, out),)
 
 
+INTERP_ENTRIES = 513   # TOSA's int16 TABLE: a knot every 128 codes, both ends included
+
+
+@register("table_interp", ("input",), table=REQUIRED, out=REQUIRED)
+def _table_interp(ops, attrs):
+    """TOSA's int16 TABLE: int16 codes index a 513-entry int16 table every 128 codes and interpolate
+    linearly, ``(t[i] << 7) + (t[i+1] - t[i]) * frac`` with ``i = (x + 32768) >> 7``, ``frac = x & 127``:
+    an int32 result in steps of 1/128 of the table's (``out``: its int32 quantization)."""
+    (x,) = ops
+    require_quantized("table_interp", x, DType.INT16)
+    table, out = attrs["table"], attrs["out"]
+    if not isinstance(table, np.ndarray) or table.shape != (INTERP_ENTRIES,) or table.dtype != np.int16:
+        raise fail("table_interp", f"table must be an int16 array of {INTERP_ENTRIES} entries")
+    if np.abs(np.diff(table.astype(np.int64))).max(initial=0) > DType.INT16.max:
+        raise fail("table_interp", "neighbouring entries must differ by an int16 (TOSA's slope)")
+    if not isinstance(out, QuantSpec) or out.dtype is not DType.INT32 or out.is_per_channel:
+        raise fail("table_interp", "out must be a per-tensor int32 quantization")
+    return (TensorType(x.shape, DType.INT32, out),)
+
+
 def _float_unary(kind):
     def infer(ops, attrs):
         (x,) = ops

@@ -39,7 +39,7 @@ from qlower.ir.graph import Operand
 from qlower.ir.opdefs import infer_types
 from qlower.passes.manager import PassResult
 
-ORDER_BLIND_UNARY = frozenset({"rescale", "clamp", "table", "quantize", "cast",
+ORDER_BLIND_UNARY = frozenset({"rescale", "clamp", "table", "table_interp", "quantize", "cast",
                                "sigmoid", "tanh", "exp", "erf", "reciprocal"})
 ORDER_BLIND_BINARY = frozenset({"add", "sub", "mul", "intdiv"})
 

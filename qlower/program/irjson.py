@@ -244,6 +244,7 @@ ATTR_CHECKS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
     "argmax": {"axis": _INT},
     "argmin": {"axis": _INT},
     "table": {"table": _ARRAY, "offset": _INT, "out": _QUANT},
+    "table_interp": {"table": _ARRAY, "out": _QUANT},
     "quantize": {"out": _QUANT},
     "dynamic_quantize": {"granularity": _STR, "dtype": _DTYPE, "qmax": _INT},
     "cast": {"dtype": _DTYPE, "out": _OPT_QUANT},

@@ -69,6 +69,14 @@ def _cast(op: Op, x):
     return np.clip(x.astype(np.int64), out.dtype.min, out.dtype.max)
 
 
+@kernel("table_interp")
+def _table_interp(op: Op, x):
+    t = op.attrs["table"].astype(np.int64)
+    v = np.clip(x.astype(np.int64), -32768, 32767) + 32768
+    base = t[v >> 7]
+    return (base << 7) + (t[(v >> 7) + 1] - base) * (v & 127)
+
+
 @kernel("table")
 def _table(op: Op, x):
     table = op.attrs["table"]

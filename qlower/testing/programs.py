@@ -63,7 +63,7 @@ def conv_graph() -> Graph:
 def movement_graph() -> Graph:
     """Two inputs rescaled and concatenated (variadic), table, transpose, pad, gather, slices, avg_pool,
     reductions (sum, max, min, argmax, argmin), min/max, comparisons, logical ops, select, int32
-    add/sub/mul/intdiv, matmul, uint8 codes, casts."""
+    add/sub/mul/intdiv, matmul, uint8 codes, casts, an interpolated int16 table."""
     rng = np.random.default_rng(11)
     b = GraphBuilder("movement")
     q = QuantSpec.per_tensor(0.1, 0)
@@ -108,6 +108,10 @@ def movement_graph() -> Graph:
     mm_b = b.constant(rng.integers(-127, 128, (4, 4, 3)).astype(np.int8),
                       QuantSpec.per_tensor(0.02, 0), name="mm_b")
     mm = b.op("matmul", mm_a, mm_b, name="mm")
+    # TOSA's interpolated int16 table (Ethos-U's form of an int16 lookup), result unused
+    wide16 = b.op("rescale", ap, out=QuantSpec.per_tensor(0.001, 0, DType.INT16), name="wide16")
+    b.op("table_interp", wide16, table=np.arange(-256, 257, dtype=np.int16), out=_per_tensor32(0.001 / 128),
+         name="interp")
     as_float = b.op("cast", rm, dtype=DType.FLOAT32, name="rmax_f")
     back = b.op("cast", as_float, dtype=INT32, out=_per_tensor32(0.1), name="rmax_i")
     return verify_graph(b.build([out8, mm, back]))

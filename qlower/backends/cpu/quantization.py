@@ -299,6 +299,18 @@ def _cast(op: Op, ctx: BuildContext) -> Kernel:
     return lambda x: x.to(torch.int64).clamp_(lo, hi).to(dtype)
 
 
+@builder("table_interp")
+def _table_interp(op: Op, ctx: BuildContext) -> Kernel:
+    table = torch.from_numpy(np.asarray(op.attrs["table"]).astype(np.int64))
+
+    def run(x: torch.Tensor) -> torch.Tensor:   # the reference's arithmetic, in int64
+        v = x.to(torch.int64).clamp_(-32768, 32767) + 32768
+        i = v >> 7
+        base = table[i]
+        return ((base << 7) + (table[i + 1] - base) * (v & 127)).to(torch.int32)
+    return run
+
+
 @builder("table")
 def _table(op: Op, ctx: BuildContext) -> Kernel:
     table = torch.from_numpy(np.asarray(op.attrs["table"]).astype(op.result.type.dtype.numpy))

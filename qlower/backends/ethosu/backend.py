@@ -22,6 +22,7 @@ import numpy as np
 from qlower.backends.ethosu.channels import cheaper_widths, narrowed_tensors, unpad_traced, widen
 from qlower.backends.ethosu.means import cheapest_means
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
+from qlower.backends.ethosu.tables import interpolated_tables
 from qlower.backends.ethosu.vela import (
     ACCELERATORS,
     IOTensor,
@@ -192,8 +193,10 @@ class EthosUBackend(TosaConsumer):
         return TOSA_PROFILE
 
     def rewrite(self, graph: Graph, target: str) -> Graph:
-        """Each mean over H and W in the form Vela runs fastest on this accelerator (see means.py)."""
-        return cheapest_means(graph, self.config(target))
+        """Each mean over H and W, and each int16 lookup, in the form Vela runs fastest on this accelerator
+        (means.py, tables.py)."""
+        config = self.config(target)
+        return interpolated_tables(cheapest_means(graph, config), config)
 
     def config(self, target: str) -> VelaConfig:
         return vela_config(target, self.system_config, self.memory_mode)

@@ -117,6 +117,14 @@ def _table(lw: Lowerer, op: Op) -> Tensor:
     return lw.reshape(y, op.result.shape)
 
 
+@lowering("table_interp")
+def _table_interp(lw: Lowerer, op: Op) -> Tensor:
+    """TOSA's int16 TABLE (EXT-INT16): the IR op is its definition."""
+    x = lw.t(op.operands[0])
+    t513 = lw.w.const(np.asarray(op.attrs["table"], np.int16), DT.INT16)
+    return lw.emit(Op_.TABLE, [x, t513], x.shape, DT.INT32, attr("Table"))
+
+
 _FLOAT_UNARY = {"sigmoid": (Op_.SIGMOID, "Sigmoid"), "tanh": (Op_.TANH, "Tanh"), "exp": (Op_.EXP, "Exp"),
                 "erf": (Op_.ERF, "Erf"), "reciprocal": (Op_.RECIPROCAL, "Reciprocal")}
 

@@ -256,7 +256,7 @@ def _yes(op: Op, profile: Profile) -> str | None:
 
 
 for _kind in ("add", "sub", "intdiv", "concat", "reshape", "transpose", "slice", "reduce_sum",
-              "reduce_max", "reduce_min", "table", "dequantize", "cast", "sigmoid", "tanh", "exp", "erf", "reciprocal",
-              "softmax", "minimum", "maximum", "equal", "greater", "greater_equal", "select", "logical_and",
+              "reduce_max", "reduce_min", "table", "table_interp", "dequantize", "cast", "sigmoid", "tanh", "exp",
+              "erf", "reciprocal", "softmax", "minimum", "maximum", "equal", "greater", "greater_equal", "select", "logical_and",
               "logical_or", "logical_xor", "logical_not"):
     _check(_kind)(_yes)
