@@ -260,10 +260,51 @@ def test_default_system_config_and_memory_mode_are_velas_own(accelerator):
     line picks for the family (ArchitectureFeatures with its "internal-default"), read from Vela."""
     from ethosu.vela import architecture_features as af
 
-    arch, exc, _ = vela.capture_fds(lambda: af.ArchitectureFeatures(
+    arch, exc, _ = vela.quietly(lambda: af.ArchitectureFeatures(
         vela_config_files=None, accelerator_config=accelerator, system_config=af.ArchitectureFeatures.DEFAULT_CONFIG,
         memory_mode=af.ArchitectureFeatures.DEFAULT_CONFIG, max_blockdep=af.ArchitectureFeatures.MAX_BLOCKDEP,
         verbose_config=False, arena_cache_size=None))
     assert exc is None
     ours = vela.vela_config(accelerator)
     assert (ours.system_config, ours.memory_mode) == (arch.system_config, arch.memory_mode)
+
+
+def test_compiles_from_many_threads_leave_every_file_descriptor_alone(capfd):
+    """Vela compiles in worker processes: threads compile at once and get the same result, and what
+    another thread writes to fd 1 meanwhile lands where it should (no process-wide fd swap)."""
+    import os
+    import threading
+
+    cfg = vela.vela_config("ethos-u85-256")
+    buf = GRAPHS["conv"]()
+    want = vela.compile_tosa(buf, cfg).command_stream
+    before = os.fstat(1).st_ino
+    results, errors = [], []
+    stop = threading.Event()
+
+    def compile_some():
+        try:
+            results.extend(vela.compile_tosa(buf, cfg).command_stream for _ in range(5))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def chatter():
+        k = 0
+        while not stop.is_set() or k < 20:
+            os.write(1, f"marker {k}\n".encode())
+            k += 1
+
+    talker = threading.Thread(target=chatter)
+    talker.start()
+    threads = [threading.Thread(target=compile_some) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    talker.join()
+    assert not errors, errors[0]
+    assert results == [want] * 20
+    assert os.fstat(1).st_ino == before
+    out = capfd.readouterr().out
+    assert all(f"marker {k}\n" in out for k in range(20))

@@ -203,3 +203,17 @@ def test_the_vela_crash_case_stays_off_the_npu_on_u55_and_u65():
         prog = lower_graph(graph, target)
         kinds = {op.kind for p in prog.partitions for op in p.subgraph.ops}
         assert ("conv2d" in kinds) == on_npu, target
+
+
+def test_a_vela_segfault_is_a_compile_error_and_the_process_lives_on():
+    """The same graph handed to Vela for U55 without the guard: Vela segfaults in its worker process,
+    the caller gets a CompileError naming the signal, and the next compile works (a fresh worker)."""
+    from qlower.backends.ethosu.backend import _lower_unvalidated
+    from qlower.backends.ethosu.vela import compile_tosa, vela_config
+    from qlower.errors import CompileError
+
+    graph, _, _ = load_counterexample(REGRESSIONS / "ed96618fcf3cb1ce.qlp")
+    tosa, _ = _lower_unvalidated(graph)
+    with pytest.raises(CompileError, match="Vela crashed .* killed by SIGSEGV; the calling process is unaffected"):
+        compile_tosa(tosa, vela_config("ethos-u55-128"))
+    assert compile_tosa(tosa, vela_config("ethos-u85-256")).perf["total_cycles"] > 0

@@ -1,9 +1,12 @@
-"""Arm Vela, in process: TOSA 1.0 flatbuffer bytes -> Ethos-U command stream.
+"""Arm Vela: TOSA 1.0 flatbuffer bytes -> Ethos-U command stream.
 
 Vela 5.2's C++ core (``ethosu.regor``) compiles a TOSA flatbuffer from memory
 in about a millisecond, so qlower calls it directly rather than through the
-``vela`` command line and files. This module is the only place that talks to
-Vela; it guarantees:
+``vela`` command line and files, in worker processes of its own
+(``vela_worker.py``, bounded by ``QLOWER_TOSA_WORKERS`` like the reference
+model's): a segfault there is a ``CompileError`` naming the signal, and Vela's
+C stdio never touches this process's file descriptors, whatever other threads
+do. This module is the only place that talks to Vela; it guarantees:
 
 * Only bytes carrying the TOSA file identifier reach ``regor.compile``:
   handing it bytes in the wrong format kills the Python process (segfault), so
@@ -22,18 +25,21 @@ Vela's own ``ArchitectureFeatures`` against its bundled ``vela.ini``.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import hashlib
+import io
+import json
 import os
 import re
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
+from qlower.backends.workers import WorkerDied, WorkerPool, close_at_exit
 from qlower.errors import CompileError, ConfigError
 
 TOSA_MAGIC = b"TOSA"    # flatbuffer file identifier, bytes 4..8
@@ -65,34 +71,22 @@ def detect_format(buf: bytes) -> str | None:
     return None
 
 
-def capture_fds(fn: Callable[[], T]) -> tuple[T | None, BaseException | None, str]:
-    """Run ``fn`` with file descriptors 1 and 2 redirected; returns (result, exception, text).
+_PRINTS_LOCK = threading.Lock()
 
-    Vela's C++ core (and the TOSA libraries) print through C stdio, which
-    ``contextlib.redirect_stdout`` does not see.
-    """
-    with tempfile.TemporaryFile() as tmp:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        saved = os.dup(1), os.dup(2)
-        result: T | None = None
-        exc: BaseException | None = None
+
+def quietly(fn: Callable[[], T]) -> tuple[T | None, BaseException | None, str]:
+    """Run ``fn`` (pure-Python Vela: its configuration parser prints warnings) with ``print`` captured;
+    returns (result, exception, text). File descriptors are never touched: Vela's native core runs
+    in its worker processes, which own theirs."""
+    out = io.StringIO()
+    result: T | None = None
+    exc: BaseException | None = None
+    with _PRINTS_LOCK, contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
         try:
-            os.dup2(tmp.fileno(), 1)
-            os.dup2(tmp.fileno(), 2)
-            try:
-                result = fn()
-            except Exception as e:  # regor raises RuntimeError / ValueError
-                exc = e
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved[0], 1)
-            os.dup2(saved[1], 2)
-            os.close(saved[0])
-            os.close(saved[1])
-        tmp.seek(0)
-        return result, exc, tmp.read().decode(errors="replace")
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - Vela raises its own CliOptionError and ValueError
+            exc = e
+    return result, exc, out.getvalue()
 
 
 # -- accelerator configuration ----------------------------------------------------------------
@@ -143,7 +137,7 @@ def vela_config(accelerator: str, system_config: str | None = None, memory_mode:
         if system_config not in ours:
             raise ConfigError(f"Ethos-U option system_config={system_config!r} is not a system config of "
                               f"{accelerator}; its configs in {ini}: {', '.join(ours)}")
-    arch, exc, log = capture_fds(lambda: af.ArchitectureFeatures(
+    arch, exc, log = quietly(lambda: af.ArchitectureFeatures(
         vela_config_files=[ini], accelerator_config=accelerator,
         system_config=system_config or default_sys, memory_mode=memory_mode or default_mem,
         max_blockdep=af.ArchitectureFeatures.MAX_BLOCKDEP, verbose_config=False, arena_cache_size=None))
@@ -255,46 +249,26 @@ def tosa_block_io(buf: bytes) -> tuple[list[tuple[str, str, tuple[int, ...]]], l
             [describe(block.Outputs(i)) for i in range(block.OutputsLength())])
 
 
-def _perf(report: Any, core_clock: float) -> dict[str, Any]:
-    memories = {}
-    for name, mem in report.memories.items():
-        acc = mem.accesses.values()
-        memories[name] = {"peak_bytes": int(mem.peakUsage), "read_bytes": int(sum(a.bytesRead for a in acc)),
-                          "write_bytes": int(sum(a.bytesWritten for a in acc)),
-                          "access_cycles": int(mem.totalAccessCycles)}
-    return {"npu_cycles": int(report.npuCycles), "total_cycles": int(report.totalCycles),
-            "macs": int(report.macCount), "npu_ops": int(report.npuOps), "cascades": int(report.cascades),
-            "original_weight_bytes": int(report.originalWeights), "encoded_weight_bytes": int(report.encodedWeights),
-            "core_clock_hz": core_clock, "inference_seconds": int(report.totalCycles) / core_clock,
-            "memories": memories}
-
-
-def _per_layer(db: Any) -> list[dict[str, Any]]:
-    """Vela's per-operator estimate (its ``perf`` table, names from the ``source`` table)."""
-    def rows(name: str) -> list[dict[str, str]]:
-        t = db.tables.get(name)
-        return [dict(zip(t.header, r)) for r in t.data] if t is not None else []
-
-    source_ops = {r["id"]: r["operator"] for r in rows("source")}
-    out = []
-    for r in rows("perf"):
-        out.append({"source_operator": source_ops.get(r.get("source_id"), ""), "operator": r.get("operator", ""),
-                    "tensor": r.get("name", ""), "op_cycles": int(r.get("op_cycles") or 0),
-                    "npu_cycles": int(r.get("npu_cycles") or 0), "macs": int(r.get("mac_count") or 0)})
-    return out
-
-
 class VelaDroppedIO(CompileError):
     """Vela's command stream has fewer inputs or outputs than the TOSA graph (it gave one no buffer)."""
 
 
-def _io(raw: list[Any], described: list[tuple[str, str, tuple[int, ...]]], what: str) -> tuple[IOTensor, ...]:
+def _io(raw: list[dict[str, Any]], described: list[tuple[str, str, tuple[int, ...]]], what: str) -> tuple[IOTensor, ...]:
     if len(raw) != len(described):
         raise VelaDroppedIO(f"Vela reports {len(raw)} {what}s, the TOSA graph has {len(described)}")
-    return tuple(IOTensor(name, dtype, shape, tuple(int(d) for d in t.shape), int(t.element_size), int(t.size),
-                          int(t.region), int(t.address))
+    return tuple(IOTensor(name, dtype, shape, tuple(int(d) for d in t["shape"]), int(t["element_size"]),
+                          int(t["size"]), int(t["region"]), int(t["address"]))
                  for t, (name, dtype, shape) in zip(raw, described))
 
+
+def _max_vela_workers() -> int:
+    from qlower.backends.tosa.executor import _max_workers
+
+    return _max_workers()
+
+
+# Vela runs in worker processes: a crash is an error, and its C stdio never touches this process's fds
+_VELA_POOL = close_at_exit(WorkerPool(Path(__file__).with_name("vela_worker.py"), _max_vela_workers))
 
 _TOTALS: collections.OrderedDict[tuple[bytes, VelaConfig], int | None] = collections.OrderedDict()
 _TOTALS_LOCK = threading.Lock()
@@ -320,24 +294,29 @@ def total_cycles(buf: bytes, config: VelaConfig) -> int | None:
 
 
 def compile_tosa(buf: bytes, config: VelaConfig, per_layer: bool = False, optimise: str = "Performance") -> VelaResult:
-    """Compile a TOSA 1.0 flatbuffer for ``config``; raises VelaRejection when Vela refuses it."""
+    """Compile a TOSA 1.0 flatbuffer for ``config`` in a Vela worker process (``vela_worker.py``);
+    raises VelaRejection when Vela refuses it, CompileError when Vela crashes on it."""
     buf = bytes(buf)
     fmt = detect_format(buf)
     if fmt != "TOSA":
         raise CompileError(f"not a TOSA flatbuffer (file identifier {buf[4:8]!r}, expected {TOSA_MAGIC!r}); "
                            "only TOSA graphs are handed to Vela")
-    from ethosu import regor
-
     t0 = time.perf_counter()
-    cm, exc, log = capture_fds(lambda: regor.compile(config.arch, buf, fmt, config.sysconfig(),
-                                                     options=config.options(per_layer, optimise), verbose=False))
+    request = [b"compile", config.arch.encode(), buf, config.sysconfig().encode(),
+               config.options(per_layer, optimise).encode()]
+    try:
+        answer = _VELA_POOL.call(request)
+    except WorkerDied as e:
+        raise CompileError(f"Vela crashed compiling a graph for {config.accelerator}: its process {e}; "
+                           "the calling process is unaffected") from None
     seconds = time.perf_counter() - t0
-    if exc is not None or cm is None:
-        raise parse_rejection(config.accelerator, str(exc) if exc is not None else log)
-    if not isinstance(cm, regor.CompiledRawModel):
-        raise CompileError(f"Vela returned {type(cm).__name__}, expected a raw command stream")
+    if answer[0] != b"ok":
+        message, log = answer[1].decode(errors="replace"), answer[2].decode(errors="replace")
+        raise parse_rejection(config.accelerator, message or log)
+    meta = json.loads(answer[1])
     ins, outs = tosa_block_io(buf)
-    return VelaResult(config, bytes(cm.command_stream), bytes(cm.read_only.data), int(cm.scratch.size),
-                      int(cm.scratch_fast.size), _io(list(cm.inputs), ins, "input"), _io(list(cm.outputs), outs, "output"),
-                      _perf(cm.perf_report, config.core_clock), _per_layer(cm.opt_database) if per_layer else None,
-                      seconds)
+    perf = {**meta["perf"], "core_clock_hz": config.core_clock,
+            "inference_seconds": meta["perf"]["total_cycles"] / config.core_clock}
+    return VelaResult(config, answer[2], answer[3], meta["scratch"], meta["scratch_fast"],
+                      _io(meta["inputs"], ins, "input"), _io(meta["outputs"], outs, "output"), perf,
+                      meta["per_layer"], seconds)

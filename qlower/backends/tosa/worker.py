@@ -12,62 +12,20 @@ Wire format (both directions): a frame is a u32 count of parts, then each part
 as a u64 length and its bytes (little-endian). A request is
 ``[b"run", flatbuffer, input .npy ...]``; an answer is
 ``[b"ok", status name, diagnostics, output .npy ...]`` or ``[b"error", message]``.
-Arrays cross as .npy without pickles. This file imports only the standard
+Arrays cross as .npy without pickles (``frames.py``). This file imports only the standard
 library, NumPy and the reference model, so it starts fast and runs as a script.
 """
 
 from __future__ import annotations
 
-import io
 import os
-import struct
 import sys
 import tempfile
+from pathlib import Path
 
-_COUNT = struct.Struct("<I")
-_LENGTH = struct.Struct("<Q")
-
-
-def read_exactly(fd: int, n: int) -> bytes:
-    """``n`` bytes from ``fd``; EOFError if the other side closed first."""
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = os.readv(fd, [view[got:]])
-        if k == 0:
-            raise EOFError(f"the pipe closed after {got} of {n} bytes")
-        got += k
-    return bytes(buf)
-
-
-def read_frame(fd: int, max_parts: int = 1 << 16) -> list[bytes]:
-    (count,) = _COUNT.unpack(read_exactly(fd, _COUNT.size))
-    if count > max_parts:
-        raise ValueError(f"a frame of {count} parts")
-    return [read_exactly(fd, _LENGTH.unpack(read_exactly(fd, _LENGTH.size))[0]) for _ in range(count)]
-
-
-def write_frame(fd: int, parts: list[bytes]) -> None:
-    chunks = [_COUNT.pack(len(parts))]
-    for p in parts:
-        chunks += [_LENGTH.pack(len(p)), p]
-    data = memoryview(b"".join(chunks))
-    while data:
-        data = data[os.write(fd, data):]
-
-
-def to_npy(array) -> bytes:
-    import numpy as np
-
-    out = io.BytesIO()
-    np.save(out, np.asarray(array), allow_pickle=False)   # (a 0-d array stays 0-d)
-    return out.getvalue()
-
-
-def from_npy(data: bytes):
-    import numpy as np
-
-    return np.load(io.BytesIO(data), allow_pickle=False)
+# the frame protocol, shared with Vela's worker (this process can't import qlower: it runs with -I)
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+from frames import from_npy, serve, to_npy, write_frame  # noqa: E402
 
 
 def _serve(requests: int, answers: int) -> None:
@@ -79,11 +37,8 @@ def _serve(requests: int, answers: int) -> None:
         return
     diagnostics = tempfile.TemporaryFile()
     os.dup2(diagnostics.fileno(), 2)
-    while True:
-        try:
-            frame = read_frame(requests)
-        except EOFError:
-            return  # the caller is gone or done
+
+    def handle(frame: list[bytes]) -> list[bytes]:
         try:
             if len(frame) < 2 or frame[0] != b"run":
                 raise ValueError("a request must be [b'run', flatbuffer, inputs...]")
@@ -93,10 +48,12 @@ def _serve(requests: int, answers: int) -> None:
             outputs, status = trm.run(frame[1], inputs)
             diagnostics.seek(0)
             text = diagnostics.read()
-            write_frame(answers, [b"ok", status.name.encode(), text, *(to_npy(y) for y in outputs)])
+            return [b"ok", status.name.encode(), text, *(to_npy(y) for y in outputs)]
         except Exception as e:  # noqa: BLE001 - a rejected graph or input is the caller's error to raise
             diagnostics.seek(0)
-            write_frame(answers, [b"error", f"{type(e).__name__}: {e}".encode() + b"\n" + diagnostics.read()])
+            return [b"error", f"{type(e).__name__}: {e}".encode() + b"\n" + diagnostics.read()]
+
+    serve(requests, answers, handle)
 
 
 def main() -> None:

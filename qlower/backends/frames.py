@@ -1,0 +1,68 @@
+"""The frames that qlower's worker processes (``workers.py``) and their scripts exchange.
+
+A frame is a u32 count of parts, then each part as a u64 length and its bytes (little-endian);
+arrays cross as .npy without pickles. Standard library and NumPy only: the worker scripts import
+this file by path (they run with ``-I`` and can't import qlower).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+
+_COUNT = struct.Struct("<I")
+_LENGTH = struct.Struct("<Q")
+
+
+def read_exactly(fd: int, n: int) -> bytes:
+    """``n`` bytes from ``fd``; EOFError if the other side closed first."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = os.readv(fd, [view[got:]])
+        if k == 0:
+            raise EOFError(f"the pipe closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def read_frame(fd: int, max_parts: int = 1 << 16) -> list[bytes]:
+    (count,) = _COUNT.unpack(read_exactly(fd, _COUNT.size))
+    if count > max_parts:
+        raise ValueError(f"a frame of {count} parts")
+    return [read_exactly(fd, _LENGTH.unpack(read_exactly(fd, _LENGTH.size))[0]) for _ in range(count)]
+
+
+def write_frame(fd: int, parts: list[bytes]) -> None:
+    chunks = [_COUNT.pack(len(parts))]
+    for p in parts:
+        chunks += [_LENGTH.pack(len(p)), p]
+    data = memoryview(b"".join(chunks))
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def to_npy(array) -> bytes:
+    import numpy as np
+
+    out = io.BytesIO()
+    np.save(out, np.asarray(array), allow_pickle=False)   # (a 0-d array stays 0-d)
+    return out.getvalue()
+
+
+def from_npy(data: bytes):
+    import numpy as np
+
+    return np.load(io.BytesIO(data), allow_pickle=False)
+
+
+def serve(requests: int, answers: int, handle) -> None:
+    """A worker's loop: each request frame from ``requests`` answered with ``handle(frame)`` on
+    ``answers``, until the caller closes its end."""
+    while True:
+        try:
+            frame = read_frame(requests)
+        except EOFError:
+            return  # the caller is gone or done
+        write_frame(answers, handle(frame))
