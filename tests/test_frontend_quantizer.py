@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qlower.errors import InputError
 from qlower.frontend import QuantConfig, capture_and_import
 from qlower.ir import DType
 from qlower.reference import run_graph
@@ -153,3 +154,18 @@ def test_progress_bar_over_calibration(capsys, monkeypatch):
     for phase, done in (("export", 0), ("prepare", 1), ("calibrate", 2), ("convert", 5)):
         assert any(f"quantizing: {phase}" in s and f" {done}/6 " in s for s in steps), phase
     assert "quantized: 100%" in steps[-1] and " 6/6 " in steps[-1]
+
+
+def test_fixed_pins_an_int16_value_with_its_own_code_type():
+    """Under A16W8 a pinned value keeps int16 codes (a pin once built an int8 observer, and the import
+    failed verification); a range its code type can't hold is a clear InputError naming the value."""
+    config = QuantConfig(act_dtype="int16", fixed={"output": (0.0005, 0, -32768, 32767)})
+    result, data = _import(config)
+    (deq,) = [op for op in result.graph.ops if op.kind == "dequantize"]
+    q = deq.operands[0].quant
+    assert deq.operands[0].dtype is DType.INT16 and (q.zero_point[0], q.qmin, q.qmax) == (0, -32768, 32767)
+    assert q.scale[0] == pytest.approx(0.0005, rel=1e-6)
+    cmp = fake_quant_agreement(result, data)
+    assert cmp.outputs.max_step <= 1, str(cmp)
+    with pytest.raises(InputError, match=r"int8 codes \[-128, 127\]; the pinned range \[-32768, 32767\]"):
+        _import(QuantConfig(fixed={"output": (0.0005, 0, -32768, 32767)}))

@@ -404,11 +404,24 @@ class QlowerQuantizer(Quantizer):
             old = edge_or_node_to_obs_or_fq.get(key)
             if old is None:
                 continue
-            new = FixedQParamsObserver(scale=scale, zero_point=zero_point, dtype=torch.int8,
+            # the value's own code type (int16 under A16W8), which the pinned range must fit
+            dtype = getattr(old, "dtype", torch.int8)
+            codes = torch.iinfo(dtype)
+            if not codes.min <= qmin < qmax <= codes.max:
+                raise InputError(f"QuantConfig.fixed: value {_describe(key)} is quantized to {str(dtype)[6:]} codes "
+                                 f"[{codes.min}, {codes.max}]; the pinned range [{qmin}, {qmax}] doesn't fit them")
+            new = FixedQParamsObserver(scale=scale, zero_point=zero_point, dtype=dtype,
                                        qscheme=torch.per_tensor_affine, quant_min=qmin, quant_max=qmax)
             for k, v in list(edge_or_node_to_obs_or_fq.items()):
                 if v is old:
                     edge_or_node_to_obs_or_fq[k] = new
+
+
+def _describe(key) -> str:
+    """A pinned node, or an edge (producer, user), as the exported graph names it."""
+    if isinstance(key, tuple):
+        return f"'{key[0].name}' (into '{key[1].name}')"
+    return f"'{key.name}'"
 
 
 def _int_suffix(key: str) -> int:
