@@ -155,7 +155,7 @@ def test_runs_from_many_threads_leave_fd_1_and_2_alone_and_agree(target):
 
 def test_the_worker_pool_is_bounded(monkeypatch):
     monkeypatch.setenv("QLOWER_TOSA_WORKERS", "2")
-    pool = executor._Pool()
+    pool = executor.new_pool()
     monkeypatch.setattr(executor, "_POOL", pool)
     prog = PROGRAMS["tosa-1.0+int"]
     threads = [threading.Thread(target=lambda: [prog.run(X) for _ in range(5)]) for _ in range(6)]
@@ -170,7 +170,7 @@ def test_the_worker_pool_is_bounded(monkeypatch):
 
 def test_a_bad_worker_count_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("QLOWER_TOSA_WORKERS", "lots")
-    monkeypatch.setattr(executor, "_POOL", executor._Pool())   # no idle worker to reuse: the limit is read
+    monkeypatch.setattr(executor, "_POOL", executor.new_pool())   # no idle worker to reuse: the limit is read
     with pytest.raises(qlower.errors.QlowerError, match="QLOWER_TOSA_WORKERS='lots'"):
         PROGRAMS["tosa-1.0+int"].run(X)
 

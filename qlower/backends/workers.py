@@ -19,6 +19,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 from qlower.backends.frames import read_frame, write_frame
+from qlower.errors import ConfigError
+
+MAX_WORKERS_ENV = "QLOWER_TOSA_WORKERS"   # named when only the reference model had workers
+_MAX_WORKERS_LIMIT = 64
+
+
+def max_workers() -> int:
+    """How many workers each pool may keep alive: ``QLOWER_TOSA_WORKERS``, default the number of
+    cores (at least 2)."""
+    raw = os.environ.get(MAX_WORKERS_ENV)
+    if raw is None:
+        return max(2, os.cpu_count() or 1)
+    if not raw.isdigit() or not 1 <= int(raw) <= _MAX_WORKERS_LIMIT:
+        raise ConfigError(f"{MAX_WORKERS_ENV}={raw!r}: expected an integer in [1, {_MAX_WORKERS_LIMIT}]")
+    return int(raw)
 
 
 class WorkerDied(Exception):
@@ -64,9 +79,9 @@ class Worker:
 
 
 class WorkerPool:
-    """Idle workers running ``script``, at most ``limit()`` alive; thread-safe."""
+    """Idle workers running ``script``, at most ``limit()`` alive (read at each acquire); thread-safe."""
 
-    def __init__(self, script: Path, limit: Callable[[], int]) -> None:
+    def __init__(self, script: Path, limit: Callable[[], int] = max_workers) -> None:
         self.script, self.limit = script, limit
         self._cond = threading.Condition()
         self._idle: list[Worker] = []

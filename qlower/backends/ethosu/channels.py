@@ -189,13 +189,15 @@ def widen(graph: Graph, widths: dict[str, int]) -> Graph:
         in_width.update((r, width) for r in run.readers)
     if not out_width:
         return graph
+    producers = graph.producers()
     padded: dict[Value, np.ndarray] = {}   # weight / bias constant -> its padded data
     for conv in {*out_width, *in_width}:
-        w = _data(graph, conv.operands[1])
+        w = np.asarray(producers[conv.operands[1]].attrs["data"])
         o, i = out_width.get(conv, w.shape[0]), in_width.get(conv, w.shape[3])
         padded[conv.operands[1]] = np.pad(w, [(0, o - w.shape[0]), (0, 0), (0, 0), (0, i - w.shape[3])])
         if conv.operands[2] is not None:
-            padded[conv.operands[2]] = np.pad(_data(graph, conv.operands[2]), (0, o - w.shape[0]))
+            padded[conv.operands[2]] = np.pad(np.asarray(producers[conv.operands[2]].attrs["data"]),
+                                              (0, o - w.shape[0]))
 
     def rewrite(b: GraphBuilder, op: Op, operands) -> tuple[Value, ...] | None:
         if op.kind != "constant" or op.result not in padded:
@@ -205,10 +207,6 @@ def widen(graph: Graph, widths: dict[str, int]) -> Graph:
         return (b.constant(data, quant, name=op.result.name, origin=op.origin),)
 
     return rebuild(graph, rewrite)
-
-
-def _data(graph: Graph, v: Value) -> np.ndarray:
-    return np.asarray(graph.producers()[v].attrs["data"])
 
 
 def _extended(q, extra: int):

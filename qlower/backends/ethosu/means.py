@@ -14,37 +14,12 @@ target's configuration (cached per shape and configuration).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import numpy as np
 
 from qlower.backends.ethosu.vela import VelaConfig
+from qlower.backends.global_means import GlobalMean, global_means
 from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, Value, rebuild
-
-
-@dataclass(frozen=True)
-class GlobalMean:
-    widen: Op      # rescale int8 -> int16 (zero point 0): the average's input
-    pool: Op       # avg_pool2d over the whole plane
-
-
-def global_means(graph: Graph) -> list[GlobalMean]:
-    """The frontend's global averages: a widening rescale read only by an unpadded average pool
-    whose window is the whole plane."""
-    producers, users = graph.producers(), graph.users()
-    found = []
-    for op in graph.ops:
-        if op.kind != "avg_pool2d" or any(op.attrs["pad"]):
-            continue
-        w = op.operands[0]
-        widen = producers.get(w)
-        n, h, wd, c = w.shape
-        if (widen is None or widen.kind != "rescale" or tuple(op.attrs["kernel"]) != (h, wd)
-                or w.dtype is not DType.INT16 or widen.operands[0].dtype is not DType.INT8
-                or widen.operands[0].quant.is_per_channel or len(users.get(w, [])) != 1 or w in graph.outputs):
-            continue
-        found.append(GlobalMean(widen, op))
-    return found
 
 
 def sum_form(b: GraphBuilder, x: Value, count: int) -> Value:

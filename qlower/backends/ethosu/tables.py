@@ -23,17 +23,17 @@ import numpy as np
 from qlower.backends.ethosu.vela import VelaConfig
 from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, Value, rebuild
 from qlower.ir.ops_arith import INTERP_ENTRIES
-from qlower.reference.interpreter import run_op
+from qlower.reference import run_graph
 
 CODES = np.arange(-32768, 32768, dtype=np.int64)
 MAX_STEPS = 1   # the furthest the interpolated codes may be from the exact table's
 
 
-def _exact(op: Op) -> np.ndarray:
-    """The table op's result for every int16 code (the reference's own lookup)."""
-    env = {op.operands[0]: CODES.astype(np.int16)}
-    run_op(op, env)
-    return env[op.result].astype(np.int64)
+def _on_every_code(x_quant: QuantSpec, form) -> np.ndarray:
+    """What the reference computes, for every int16 code, of ``form(builder, x)`` (one output)."""
+    b = GraphBuilder("codes")
+    x = b.input("x", TensorType((CODES.size,), DType.INT16, x_quant))
+    return run_graph(b.build([form(b, x)]), [CODES.astype(np.int16)])[0].astype(np.int64)
 
 
 def _knots(exact: np.ndarray, offset: int) -> np.ndarray | None:
@@ -59,8 +59,8 @@ def _knots(exact: np.ndarray, offset: int) -> np.ndarray | None:
 
 @dataclass(frozen=True)
 class Interpolation:
-    knots: np.ndarray   # int16[513], codes minus ``offset`` (minus the output zero point when 0)
-    offset: int         # codes added back in int32 (an ADD) when the codes span too much of int16
+    knots: np.ndarray   # int16[513]: the output codes minus ``offset``
+    offset: int         # the output zero point, or the codes' midpoint (added back by an int32 ADD)
 
 
 def _interpolated(b: GraphBuilder, x: Value, form: Interpolation, out: QuantSpec, like: Value | None = None) -> Value:
@@ -79,25 +79,18 @@ def _interpolated(b: GraphBuilder, x: Value, form: Interpolation, out: QuantSpec
 
 
 @functools.lru_cache(maxsize=64)
-def _proven(x_type: TensorType, table_bytes: bytes, offset: int, out: QuantSpec) -> Interpolation | None:
+def _proven(x_quant: QuantSpec, table_bytes: bytes, offset: int, out: QuantSpec) -> Interpolation | None:
     """An interpolation within MAX_STEPS of the table for every int16 code, or None: knots of the
     codes themselves, else of the codes minus their midpoint (room for the ends' slopes)."""
     table = np.frombuffer(table_bytes, np.int16)
-    b = GraphBuilder("table")
-    x = b.input("x", TensorType((CODES.size,), DType.INT16, x_type.quant))
-    exact = _exact(b.build([b.op("table", x, table=table, offset=offset, out=out)]).ops[0])
+    exact = _on_every_code(x_quant, lambda b, x: b.op("table", x, table=table, offset=offset, out=out))
     for middle in (out.zero_point[0], int(exact.min() + exact.max()) // 2):
         knots = _knots(exact, middle)
         if knots is None:
             continue
         form = Interpolation(knots, middle)
-        b = GraphBuilder("interp")
-        y = b.input("x", TensorType((CODES.size,), DType.INT16, x_type.quant))
-        graph = b.build([_interpolated(b, y, form, out)])
-        env = {graph.inputs[0]: CODES.astype(np.int16)}
-        for op in graph.ops:
-            run_op(op, env)
-        if np.abs(env[graph.outputs[0]].astype(np.int64) - exact).max() <= MAX_STEPS:
+        interpolated = _on_every_code(x_quant, lambda b, x, form=form: _interpolated(b, x, form, out))
+        if np.abs(interpolated - exact).max() <= MAX_STEPS:
             return form
     return None
 
@@ -127,8 +120,8 @@ def interpolated_tables(graph: Graph, config: VelaConfig) -> Graph:
     for op in candidates(graph):
         table = np.ascontiguousarray(op.attrs["table"], np.int16)
         if not np.array_equal(table, op.attrs["table"]):
-            continue
-        form = _proven(op.operands[0].type, table.tobytes(), int(op.attrs["offset"]), op.attrs["out"])
+            continue   # entries beyond int16 (the cache key is the table as int16 bytes)
+        form = _proven(op.operands[0].type.quant, table.tobytes(), int(op.attrs["offset"]), op.attrs["out"])
         if form is None:
             continue
         gathered, interpolated = graph_cycles(_alone(op, None), config), graph_cycles(_alone(op, form), config)

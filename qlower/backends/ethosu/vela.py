@@ -9,7 +9,7 @@ C stdio never touches this process's file descriptors, whatever other threads
 do. This module is the only place that talks to Vela; it guarantees:
 
 * Only bytes carrying the TOSA file identifier reach ``regor.compile``:
-  handing it bytes in the wrong format kills the Python process (segfault), so
+  handing it bytes in the wrong format crashes Vela (segfault: a worker, not the caller), so
   the format is checked by magic bytes first and anything else is a
   ``CompileError``.
 * Every failure surfaces as a ``VelaRejection`` (a ``CompileError``) carrying
@@ -261,14 +261,8 @@ def _io(raw: list[dict[str, Any]], described: list[tuple[str, str, tuple[int, ..
                  for t, (name, dtype, shape) in zip(raw, described))
 
 
-def _max_vela_workers() -> int:
-    from qlower.backends.tosa.executor import _max_workers
-
-    return _max_workers()
-
-
 # Vela runs in worker processes: a crash is an error, and its C stdio never touches this process's fds
-_VELA_POOL = close_at_exit(WorkerPool(Path(__file__).with_name("vela_worker.py"), _max_vela_workers))
+_VELA_POOL = close_at_exit(WorkerPool(Path(__file__).with_name("vela_worker.py")))
 
 _TOTALS: collections.OrderedDict[tuple[bytes, VelaConfig], int | None] = collections.OrderedDict()
 _TOTALS_LOCK = threading.Lock()

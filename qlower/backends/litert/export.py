@@ -35,6 +35,7 @@ from tflite.BuiltinOperator import BuiltinOperator as B
 from tflite.Padding import Padding
 from tflite.TensorType import TensorType as TflType
 
+from qlower.backends.global_means import GlobalMean, global_means
 from qlower.backends.litert import emit
 from qlower.backends.litert.emit import Builder, NotExact, channel_shape, options, tflite_quant
 from qlower.backends.litert.fused_add import AddGroup, add_groups
@@ -67,11 +68,11 @@ class _Export:
         self.outputs = set(graph.outputs)
         self.adds = add_groups(graph)
         self.ranges = CodeRanges(graph)
-        self.means = _native_means(graph, self.users, self.producers, self.outputs) if native else {}
+        self.means = _native_means(graph, self.users, self.outputs) if native else {}
         # ops written by another op's emitter: an add group's members by its output rescale, a native
         # mean's widening and pool by its final rescale
         self.skipped = {id(m) for g in self.adds.values() for m in g.members}
-        self.skipped |= {id(o) for _, inner in self.means.values() for o in inner}
+        self.skipped |= {id(o) for m in self.means.values() for o in (m.widen, m.pool)}
 
     # -- tensors of IR values -----------------------------------------------------------------
     def value(self, v: Value) -> int:
@@ -142,22 +143,16 @@ class _Export:
         return self.b.op(B.RESHAPE, [t, new_shape], name, shape, self.b.dtype(t), quant)
 
 
-def _native_means(graph: Graph, users, producers, outputs) -> dict[int, tuple[Value, tuple[Op, Op]]]:
-    """id(final rescale) -> (int8 input, (widening rescale, pool)) of every global int8 average the
-    frontend wrote as rescale to int16, whole-plane avg_pool2d, rescale to int8: one TFLite MEAN."""
+def _native_means(graph: Graph, users, outputs) -> dict[int, GlobalMean]:
+    """id(final rescale) -> the frontend's global int8 average (``global_means``) it ends, when one
+    rescale to int8 per tensor reads the pool: the three ops are one TFLite MEAN."""
     found = {}
-    for pool in graph.ops:
-        if pool.kind != "avg_pool2d" or any(pool.attrs["pad"]) or pool.result in outputs:
+    for mean in global_means(graph):
+        readers = users.get(mean.pool.result, [])
+        if len(readers) != 1 or readers[0].kind != "rescale" or mean.pool.result in outputs:
             continue
-        widen, (final, *more) = producers.get(pool.operands[0]), users.get(pool.result, [None])
-        if widen is None or widen.kind != "rescale" or more or final is None or final.kind != "rescale":
-            continue
-        x = widen.operands[0]
-        if not (_int8_per_tensor(x.type) and _int8_per_tensor(final.result.type)) \
-                or tuple(pool.attrs["kernel"]) != x.type.shape[1:3] or widen.result in outputs \
-                or users.get(widen.result) != [pool]:
-            continue
-        found[id(final)] = (x, (widen, pool))
+        if _int8_per_tensor(mean.widen.operands[0].type) and _int8_per_tensor(readers[0].result.type):
+            found[id(readers[0])] = mean
     return found
 
 
@@ -337,7 +332,8 @@ def _rescale(ex: _Export, op: Op) -> None:
         return _emit_add(ex, ex.adds[id(op)])
     if id(op) in ex.means:
         axes = ex.b.const(f"{op.result.name}/axes", np.asarray([1, 2], np.int32), "int32")
-        ex.result(op, B.MEAN, [ex.value(ex.means[id(op)][0]), axes], options("ReducerOptions", KeepDims=True))
+        ex.result(op, B.MEAN, [ex.value(ex.means[id(op)].widen.operands[0]), axes],
+                  options("ReducerOptions", KeepDims=True))
         return
     src, out = op.operands[0].type.quant, op.attrs["out"]
     mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])

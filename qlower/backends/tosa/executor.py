@@ -18,7 +18,6 @@ its shift) mean the outputs are not defined; the reference model's diagnostics
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,25 +29,12 @@ from qlower.errors import ExecutionError
 
 _MAX_DIAGNOSTIC_CHARS = 1500
 _WORKER_SCRIPT = Path(__file__).with_name("worker.py")
-_MAX_WORKERS_LIMIT = 64
+def new_pool() -> WorkerPool:
+    """A pool of reference-model workers (the module keeps one; tests build fresh ones)."""
+    return WorkerPool(_WORKER_SCRIPT)
 
 
-def _max_workers() -> int:
-    raw = os.environ.get("QLOWER_TOSA_WORKERS")
-    if raw is None:
-        return max(2, os.cpu_count() or 1)
-    if not raw.isdigit() or not 1 <= int(raw) <= _MAX_WORKERS_LIMIT:
-        from qlower.errors import ConfigError
-
-        raise ConfigError(f"QLOWER_TOSA_WORKERS={raw!r}: expected an integer in [1, {_MAX_WORKERS_LIMIT}]")
-    return int(raw)
-
-
-def _Pool() -> WorkerPool:   # noqa: N802 - the pool of reference-model workers (tests build fresh ones)
-    return WorkerPool(_WORKER_SCRIPT, _max_workers)
-
-
-_POOL = close_at_exit(_Pool())
+_POOL = close_at_exit(new_pool())
 
 
 def _summary(text: str) -> str:
