@@ -174,6 +174,29 @@ def test_non_positive_or_non_finite_scale(scale):
     assert "non-positive or non-finite scale" in msg
 
 
+@pytest.mark.parametrize("scales, zero_points, says", [
+    ([0.1, float("nan"), 0.2], [0, 0, 0], "non-positive or non-finite scale"),
+    ([0.1, 0.2, -0.3], [0, 0, 0], "non-positive or non-finite scale"),
+    ([0.1, 0.2, 0.3], [0, -129, 0], "zero point outside int8"),
+    ([0.1, 0.2, 0.3], [0, 0, 128], "zero point outside int8"),
+])
+def test_one_bad_channel_among_many(scales, zero_points, says):
+    w = _val("w", (3, 2), DType.INT8, QuantSpec.per_channel(scales, zero_points, axis=0))
+    assert says in _assert_broken(Graph((w,), (), (w,)), "quant-spec-valid", "w")
+
+
+def test_quantspec_holds_plain_python_numbers():
+    """numpy scalars of any width and Python numbers make the same, hashable spec; the accumulator's
+    scales are the float64 products s_in * s_w[c]."""
+    scales32 = np.array([0.1, 0.25, 3e-5], np.float32)
+    a = QuantSpec.per_channel(scales32, np.array([1, -2, 3], np.int64), axis=0)
+    b = QuantSpec(DType.INT8, tuple(float(s) for s in scales32), (1, -2, 3), -128, 127, axis=0)
+    assert a == b and hash(a) == hash(b)
+    assert all(type(s) is float for s in a.scale) and all(type(z) is int for z in a.zero_point)
+    acc = QuantSpec.accumulator(XQ, a, axis=0)
+    assert acc.scale == tuple(S_IN * float(s) for s in scales32)
+
+
 def test_range_outside_dtype():
     x = _val("x", (4,), DType.INT8, QuantSpec.per_tensor(0.1, 0, DType.INT8, qmin=-200, qmax=127))
     msg = _assert_broken(Graph((x,), (), (x,)), "quant-spec-valid", "x")

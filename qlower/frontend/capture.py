@@ -21,6 +21,7 @@ from torch.fx import GraphModule
 from tqdm.auto import tqdm
 
 from qlower.errors import InputError, UnsupportedOpError
+from qlower.frontend.batch_norm_fold import fold_batch_norms
 from qlower.frontend.config import QuantConfig
 from qlower.frontend.decompose import decompose_unruled
 from qlower.frontend.finite import non_finite_nodes
@@ -103,7 +104,8 @@ def _reject_unfolded_batch_norm(gm: GraphModule) -> None:
 
 
 def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig | None,
-            calibration: Iterable[object] | None, progress: bool = True, fold_weights: bool = True) -> Captured:
+            calibration: Iterable[object] | None, progress: bool = True, fold_weights: bool = True,
+            fold_batch_norm: bool = True) -> Captured:
     """Export ``model`` (put in eval mode) and, when ``quant`` is given, quantize it with PT2E.
 
     Calibration runs every batch through the prepared model; it is needed in
@@ -111,6 +113,8 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Qua
     ``fold_weights=False`` leaves each weight as ``dequantize(quantize(float weight))``
     (same values; what the importer reads is folded): sensitivity analysis
     switches quantization points off one by one, weights included.
+    ``fold_batch_norm=False`` leaves BatchNorm folding to prepare_pt2e (torchao's own fold, which
+    batch_norm_fold.py replaces; kept to test that the two quantize alike).
     """
     model = model.eval()
     if quant is None:
@@ -122,11 +126,11 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Qua
                          "pass e.g. [example_inputs]")
     # one bar over the whole of PT2E, its slowest stage: export, prepare, each batch, convert
     with progress_bar(progress, total=len(batches) + 3, desc="quantizing: export", unit="step") as bar:
-        return _quantize(model, example_inputs, quant, batches, bar, fold_weights)
+        return _quantize(model, example_inputs, quant, batches, bar, fold_weights, fold_batch_norm)
 
 
 def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig,
-              batches: list[tuple], bar: tqdm, fold_weights: bool = True) -> Captured:
+              batches: list[tuple], bar: tqdm, fold_weights: bool = True, fold_batch_norm: bool = True) -> Captured:
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -140,8 +144,10 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
     bar.update()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        float_graph = copy.deepcopy(gm)  # prepare_pt2e rewrites gm in place (BatchNorm folding, observers)
+        float_graph = copy.deepcopy(gm)  # gm is rewritten in place (BatchNorm folding, observers)
     lap("export")
+    if fold_batch_norm:
+        fold_batch_norms(gm)  # before prepare_pt2e, whose own fold is slow and can be wrong (batch_norm_fold.py)
 
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 

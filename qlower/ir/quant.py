@@ -20,6 +20,11 @@ from qlower.ir.dtypes import DType
 DynamicGranularity = Literal["per_tensor", "per_row"]
 
 
+def _all_ints(values: object) -> bool:
+    """A tuple of plain ints already (bools excluded): kept as it is."""
+    return type(values) is tuple and set(map(type, values)) <= {int}
+
+
 @dataclass(frozen=True)
 class QuantSpec:
     dtype: DType
@@ -31,9 +36,11 @@ class QuantSpec:
     dynamic: DynamicGranularity | None = None
 
     def __post_init__(self) -> None:
-        # Normalise to plain Python numbers so that equality and hashing are exact.
-        object.__setattr__(self, "scale", tuple(float(s) for s in np.atleast_1d(self.scale)))
-        object.__setattr__(self, "zero_point", tuple(int(z) for z in np.atleast_1d(self.zero_point)))
+        # Normalise to plain Python numbers so that equality and hashing are exact (through numpy:
+        # per-channel specs of wide layers are made thousands of times in one compile).
+        object.__setattr__(self, "scale", tuple(np.atleast_1d(np.asarray(self.scale, np.float64)).tolist()))
+        object.__setattr__(self, "zero_point", tuple(int(z) for z in np.atleast_1d(self.zero_point))
+                           if not _all_ints(self.zero_point) else tuple(self.zero_point))
         object.__setattr__(self, "qmin", int(self.qmin))
         object.__setattr__(self, "qmax", int(self.qmax))
 
@@ -71,7 +78,7 @@ class QuantSpec:
     @staticmethod
     def accumulator(input_spec: QuantSpec, weight_spec: QuantSpec, axis: int | None) -> QuantSpec:
         """The int32 type of ``sum(input * weight)``: scale s_in * s_w[c], zero point 0."""
-        scales = tuple(input_spec.scale[0] * s for s in weight_spec.scale)
+        scales = tuple((np.asarray(weight_spec.scale) * input_spec.scale[0]).tolist())  # float64, as Python's *
         per_channel = len(scales) > 1
         return QuantSpec(DType.INT32, scales, (0,) * len(scales), DType.INT32.min, DType.INT32.max,
                          axis=axis if per_channel else None, dynamic=input_spec.dynamic)

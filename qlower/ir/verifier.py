@@ -94,11 +94,12 @@ def _quant_valid(graph: Graph) -> Iterator[str]:
         q = v.type.quant
         if q is None:
             continue
-        if not all(math.isfinite(s) and s > 0 for s in q.scale):
+        lo, hi = q.dtype.min, q.dtype.max
+        if q.scale and not (all(map(math.isfinite, q.scale)) and min(q.scale) > 0):
             yield f"{_where(v)} has a non-positive or non-finite scale {q.scale}"
-        if not q.dtype.min <= q.qmin <= q.qmax <= q.dtype.max:
+        if not lo <= q.qmin <= q.qmax <= hi:
             yield f"{_where(v)} has range [{q.qmin}, {q.qmax}] outside {q.dtype.value}"
-        if any(not q.dtype.min <= z <= q.dtype.max for z in q.zero_point):
+        if q.zero_point and not lo <= min(q.zero_point) <= max(q.zero_point) <= hi:
             yield f"{_where(v)} has a zero point outside {q.dtype.value}: {q.zero_point}"
         if len(q.zero_point) != len(q.scale):
             yield f"{_where(v)} has {len(q.scale)} scales but {len(q.zero_point)} zero points"
