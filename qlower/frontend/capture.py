@@ -25,6 +25,7 @@ from qlower.frontend.batch_norm_fold import fold_batch_norms
 from qlower.frontend.config import QuantConfig
 from qlower.frontend.decompose import decompose_unruled
 from qlower.frontend.finite import non_finite_nodes
+from qlower.frontend.quantize_fold import fold_constant_quantize
 from qlower.frontend.rules import has_rule
 from qlower.frontend.source import describe_node
 from qlower.progress import progress_bar
@@ -105,7 +106,7 @@ def _reject_unfolded_batch_norm(gm: GraphModule) -> None:
 
 def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig | None,
             calibration: Iterable[object] | None, progress: bool = True, fold_weights: bool = True,
-            fold_batch_norm: bool = True) -> Captured:
+            fast_paths: bool = True) -> Captured:
     """Export ``model`` (put in eval mode) and, when ``quant`` is given, quantize it with PT2E.
 
     Calibration runs every batch through the prepared model; it is needed in
@@ -113,8 +114,10 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Qua
     ``fold_weights=False`` leaves each weight as ``dequantize(quantize(float weight))``
     (same values; what the importer reads is folded): sensitivity analysis
     switches quantization points off one by one, weights included.
-    ``fold_batch_norm=False`` leaves BatchNorm folding to prepare_pt2e (torchao's own fold, which
-    batch_norm_fold.py replaces; kept to test that the two quantize alike).
+    ``fast_paths=False`` takes torchao's own way where qlower has a faster one that must quantize
+    alike (tests compare the two): BatchNorm folding left to prepare_pt2e (batch_norm_fold.py),
+    weights observed at every calibration batch (quantizer.py's once-observers) and folded by
+    convert_pt2e's constant folder (quantize_fold.py).
     """
     model = model.eval()
     if quant is None:
@@ -126,11 +129,11 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Qua
                          "pass e.g. [example_inputs]")
     # one bar over the whole of PT2E, its slowest stage: export, prepare, each batch, convert
     with progress_bar(progress, total=len(batches) + 3, desc="quantizing: export", unit="step") as bar:
-        return _quantize(model, example_inputs, quant, batches, bar, fold_weights, fold_batch_norm)
+        return _quantize(model, example_inputs, quant, batches, bar, fold_weights, fast_paths)
 
 
 def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig,
-              batches: list[tuple], bar: tqdm, fold_weights: bool = True, fold_batch_norm: bool = True) -> Captured:
+              batches: list[tuple], bar: tqdm, fold_weights: bool = True, fast_paths: bool = True) -> Captured:
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
 
@@ -146,7 +149,7 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
         warnings.simplefilter("ignore")
         float_graph = copy.deepcopy(gm)  # gm is rewritten in place (BatchNorm folding, observers)
     lap("export")
-    if fold_batch_norm:
+    if fast_paths:
         fold_batch_norms(gm)  # before prepare_pt2e, whose own fold is slow and can be wrong (batch_norm_fold.py)
 
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -156,7 +159,7 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         bar.set_description("quantizing: prepare")
-        quantizer = QlowerQuantizer(quant)
+        quantizer = QlowerQuantizer(quant, observe_weights_once=fast_paths)
         quantizer.keep_float = non_finite_nodes(gm, batches)
         prepared = prepare_pt2e(gm, quantizer)
         if quant.fallback == "error":
@@ -170,7 +173,10 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
                 bar.update()
         lap("calibrate")
         bar.set_description("quantizing: convert")
-        converted = convert_pt2e(prepared, fold_quantize=fold_weights)
+        # weights are folded by quantize_fold.py on the fast path: torchao's folder interprets the whole graph
+        converted = convert_pt2e(prepared, fold_quantize=fold_weights and not fast_paths)
+        if fold_weights and fast_paths:
+            fold_constant_quantize(converted)
         bar.update()
         lap("convert")
         bar.set_description("quantized")

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 from torch.fx import GraphModule, Node
@@ -161,6 +162,47 @@ def _annotate(node: Node, inputs: dict[Node, object], output: object = None, sha
         input_qspec_map=inputs, output_qspec=output, allow_implicit_sharing=share, _annotated=True)
 
 
+class _ObserveOnce:
+    """Observes the first tensor it is shown only. For a weight read straight from a parameter or
+    buffer that no op writes, every calibration batch shows the same tensor, and per-channel
+    min/max over a wide layer's weights costs about as much as the layer itself."""
+
+    _observed = False
+
+    def forward(self, x):
+        if self._observed:
+            return x
+        self._observed = True
+        return super().forward(x)
+
+
+class OnceMinMaxObserver(_ObserveOnce, MinMaxObserver):
+    pass
+
+
+class OncePerChannelMinMaxObserver(_ObserveOnce, PerChannelMinMaxObserver):
+    pass
+
+
+def _observe_once(spec: QuantizationSpec) -> QuantizationSpec:
+    ctr = {MinMaxObserver: OnceMinMaxObserver, PerChannelMinMaxObserver: OncePerChannelMinMaxObserver}
+    return replace(spec, observer_or_fake_quant_ctr=ctr[spec.observer_or_fake_quant_ctr])
+
+
+def _unchanging_attribute(node: Node) -> bool:
+    """A get_attr that no op of the graph writes (no in-place op or copy_ takes it as a mutated argument)."""
+    if node.op != "get_attr":
+        return False
+    for user in node.users:
+        schema = getattr(user.target, "_schema", None)
+        if schema is None:
+            return False
+        for arg, value in zip(schema.arguments, user.args):
+            if value is node and arg.alias_info is not None and arg.alias_info.is_write:
+                return False
+    return True
+
+
 class _Constants:
     """Which nodes compute a constant (no graph input upstream), memoized in graph order."""
 
@@ -177,9 +219,10 @@ class _Constants:
 class QlowerQuantizer(Quantizer):
     """Annotates an exported (pre-dispatch ATen) graph according to ``config``."""
 
-    def __init__(self, config: QuantConfig) -> None:
+    def __init__(self, config: QuantConfig, observe_weights_once: bool = True) -> None:
         super().__init__()
         self.config = c = config
+        self.observe_weights_once = observe_weights_once
         self.act = QuantizationSpec(
             dtype=torch.int8, quant_min=c.act_qmin, quant_max=c.act_qmax,
             qscheme=torch.per_tensor_symmetric if c.symmetric_acts else torch.per_tensor_affine,
@@ -256,7 +299,8 @@ class QlowerQuantizer(Quantizer):
         for n in model.graph.nodes:
             p = packet(n)
             if p in GEMM and isinstance(n.args[1], Node):
-                _annotate(n, {n.args[0]: self._dynamic_input_spec(n), n.args[1]: self.weight}, share=False)
+                _annotate(n, {n.args[0]: self._dynamic_input_spec(n), n.args[1]: self._weight(n.args[1], self.weight)},
+                          share=False)
             elif p in MATMUL and all(isinstance(a, Node) and a not in const for a in n.args[:2]):
                 # (a constant operand has no run-time scale to choose: such a matmul stays float)
                 _annotate(n, {n.args[0]: self._dynamic_input_spec(n), n.args[1]: self._dynamic_per_tensor()},
@@ -267,6 +311,10 @@ class QlowerQuantizer(Quantizer):
             return None
         user = next(iter(node.users))
         return user if packet(user) in ACTIVATIONS and _one_domain(user) is None else None
+
+    def _weight(self, node: Node, spec: QuantizationSpec) -> QuantizationSpec:
+        """``spec``, observed once when ``node`` is a parameter or buffer nothing writes."""
+        return _observe_once(spec) if self.observe_weights_once and _unchanging_attribute(node) else spec
 
     def act_for(self, node: Node) -> QuantizationSpec:
         """The activation spec of ``node``'s result and of the inputs it reads: int16 or int8 by its module."""
@@ -285,7 +333,7 @@ class QlowerQuantizer(Quantizer):
                 if not isinstance(n.args[1], Node) or n.args[1] not in const:
                     continue  # weight computed at run time: left float (the importer reports it)
                 fused = self._fusable_activation(n)
-                _annotate(n, {n.args[0]: act, n.args[1]: self.weight}, None if fused else act)
+                _annotate(n, {n.args[0]: act, n.args[1]: self._weight(n.args[1], self.weight)}, None if fused else act)
                 if fused is not None:
                     _annotate(fused, {}, act)
             elif p in GEMM_AXIS1:
@@ -293,7 +341,7 @@ class QlowerQuantizer(Quantizer):
                 if not isinstance(w, Node) or w not in const or not isinstance(x, Node):
                     continue  # weight computed at run time: left float
                 fused = self._fusable_activation(n)
-                _annotate(n, {x: act, w: self.weight_axis1}, None if fused else act)
+                _annotate(n, {x: act, w: self._weight(w, self.weight_axis1)}, None if fused else act)
                 if fused is not None:
                     _annotate(fused, {}, act)
             elif p in MATMUL:
