@@ -17,7 +17,6 @@ from torch.fx import GraphModule, Node
 from torch.utils import _pytree as pytree
 
 
-
 @functools.cache
 def _quantize_ops() -> tuple[set, set]:
     """(quantize ops, dequantize ops); looked up when first needed: torchao registers them on import."""
