@@ -1,6 +1,6 @@
 """``qlower::channel_affine``: an eval-mode BatchNorm that no conv/linear absorbed, as a per-channel affine map.
 
-prepare_pt2e folds BatchNorm into a preceding conv / linear. A BatchNorm left after that
+A BatchNorm after a conv / linear is folded into it (batch_norm_fold.py). A BatchNorm left after that
 (after a pooling, an add, at the model's input ...) is rewritten, before annotation, into
 ``channel_affine(x, scale, shift) = x * scale[c] + shift[c]`` along dim 1, with
 ``scale = weight / sqrt(running_var + eps)`` and ``shift = bias - running_mean * scale``

@@ -16,7 +16,7 @@ Static mode (``QuantConfig.mode == "static"``):
 - pooling, reductions, softmax and pointwise non-linearities own their output domain.
 - amax / amin / max / min keep their input's domain; argmax / argmin (and max.dim's indices) only
   quantize their input; LayerNorm / GroupNorm / InstanceNorm (native_* ops) quantize their input and
-  their normalised result; a BatchNorm that prepare_pt2e could not fold becomes ``channel_affine``
+  their normalised result; a BatchNorm not folded into a conv / linear becomes ``channel_affine``
   (frontend/channel_affine.py), which owns its output domain.
 - minimum, maximum, where, clamp by tensors and comparisons: the tensor operands (and the
   result, but for a comparison's bools) share one domain; constant operands stay float.
@@ -281,7 +281,7 @@ class QlowerQuantizer(Quantizer):
 
     # -- annotation ----------------------------------------------------------------------
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
-        """BatchNorms that prepare_pt2e could not fold become ``channel_affine`` (see channel_affine.py)."""
+        """BatchNorms left unfolded (batch_norm_fold.py) become ``channel_affine`` (see channel_affine.py)."""
         return replace_unfolded_batch_norm(model) if self.config.mode == "static" else model
 
     def annotate(self, model: GraphModule) -> GraphModule:
