@@ -412,6 +412,27 @@ def test_an_aliasing_pattern_the_rules_miss_is_caught_by_compiling_again(monkeyp
     assert program_from_bytes(program_to_bytes(prog)).partitions   # the loader accepts the copied form
 
 
+def _mean_graph(pool_is_output: bool):
+    b = GraphBuilder("mean")
+    x = b.input("x", TensorType((1, 4, 4, 8), DType.INT8, QuantSpec.per_tensor(0.1, 3)))
+    wide = b.op("rescale", x, out=QuantSpec.per_tensor(0.1 / 128, 0, DType.INT16))
+    pooled = b.op("avg_pool2d", wide, kernel=(4, 4), stride=(1, 1))
+    y = b.op("rescale", pooled, out=QuantSpec.per_tensor(0.05, -2))
+    return verify_graph(b.build([y, pooled] if pool_is_output else [y]))
+
+
+@pytest.mark.parametrize("pool_is_output", [False, True])
+def test_a_global_mean_whose_pool_is_an_output_keeps_its_form(pool_is_output):
+    """The sum that replaces a pool (ethosu/means.py), or LiteRT's MEAN, would drop the pooled codes
+    a graph output reads."""
+    from qlower.backends.global_means import global_means
+
+    graph = _mean_graph(pool_is_output)
+    means = global_means(graph)
+    assert [(m.widen.kind, m.pool.kind, m.final.kind) for m in means] == \
+        ([] if pool_is_output else [("rescale", "avg_pool2d", "rescale")])
+
+
 class _GlobalMean(torch.nn.Module):
     def __init__(self, channels):
         super().__init__()
@@ -436,7 +457,7 @@ def test_a_global_mean_takes_the_form_vela_runs_fastest(target, pooled):
     kinds = prog.source.count_ops()
     assert ("avg_pool2d" in kinds, "reduce_sum" in kinds) == (pooled, not pooled), kinds
     (mean,) = global_means(prog.frontend.graph)
-    out = prog.frontend.graph.users()[mean.pool.result][0].attrs["out"]
+    out = mean.final.attrs["out"]
     config = EthosUBackend().config(target)
     costs = [_cycles(mean.widen.operands[0].type, mean.widen.attrs["out"], out, form, config) for form in (True, False)]
     assert (costs[0] <= costs[1]) == pooled, costs

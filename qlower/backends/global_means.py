@@ -17,11 +17,13 @@ from qlower.ir import DType, Graph, Op
 class GlobalMean:
     widen: Op      # rescale int8 -> int16 (zero point 0): the average's input
     pool: Op       # avg_pool2d over the whole plane
+    final: Op      # the rescale to the output, the pool's only reader
 
 
 def global_means(graph: Graph) -> list[GlobalMean]:
     """The frontend's global averages: a widening rescale read only by an unpadded average pool
-    whose window is the whole plane."""
+    whose window is the whole plane, read only by a rescale; neither intermediate is a graph output
+    (a backend's form of its own replaces both)."""
     producers, users = graph.producers(), graph.users()
     found = []
     for op in graph.ops:
@@ -34,5 +36,8 @@ def global_means(graph: Graph) -> list[GlobalMean]:
                 or w.dtype is not DType.INT16 or widen.operands[0].dtype is not DType.INT8
                 or widen.operands[0].quant.is_per_channel or len(users.get(w, [])) != 1 or w in graph.outputs):
             continue
-        found.append(GlobalMean(widen, op))
+        readers = users.get(op.result, [])
+        if len(readers) != 1 or readers[0].kind != "rescale" or op.result in graph.outputs:
+            continue
+        found.append(GlobalMean(widen, op, readers[0]))
     return found

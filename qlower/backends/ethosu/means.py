@@ -51,21 +51,18 @@ def _cycles(x_type: TensorType, wide: QuantSpec, out: QuantSpec, pooled: bool, c
     return graph_cycles(_alone(x_type, wide, out, pooled), config)
 
 
-def pool_is_cheaper(mean: GlobalMean, out: QuantSpec, config: VelaConfig) -> bool:
-    """Whether Vela estimates ``mean`` (requantized to ``out``) cheaper as its pool than as a sum."""
-    x_type, wide = mean.widen.operands[0].type, mean.widen.attrs["out"]
+def pool_is_cheaper(mean: GlobalMean, config: VelaConfig) -> bool:
+    """Whether Vela estimates ``mean`` cheaper as its pool than as a sum."""
+    x_type, wide, out = mean.widen.operands[0].type, mean.widen.attrs["out"], mean.final.attrs["out"]
     pooled, summed = (_cycles(x_type, wide, out, form, config) for form in (True, False))
     return summed is None or (pooled is not None and pooled <= summed)
 
 
 def cheapest_means(graph: Graph, config: VelaConfig) -> Graph:
     """``graph`` with each global average in the form Vela runs fastest for ``config``."""
-    users = graph.users()
     swap: dict[Op, GlobalMean] = {}
     for m in global_means(graph):
-        readers = users.get(m.pool.result, [])
-        out = readers[0].attrs["out"] if len(readers) == 1 and readers[0].kind == "rescale" else None
-        if out is not None and not pool_is_cheaper(m, out, config):
+        if not pool_is_cheaper(m, config):
             swap[m.widen] = m
     if not swap:
         return graph

@@ -68,7 +68,7 @@ class _Export:
         self.outputs = set(graph.outputs)
         self.adds = add_groups(graph)
         self.ranges = CodeRanges(graph)
-        self.means = _native_means(graph, self.users, self.outputs) if native else {}
+        self.means = _native_means(graph) if native else {}
         # ops written by another op's emitter: an add group's members by its output rescale, a native
         # mean's widening and pool by its final rescale
         self.skipped = {id(m) for g in self.adds.values() for m in g.members}
@@ -143,16 +143,13 @@ class _Export:
         return self.b.op(B.RESHAPE, [t, new_shape], name, shape, self.b.dtype(t), quant)
 
 
-def _native_means(graph: Graph, users, outputs) -> dict[int, GlobalMean]:
+def _native_means(graph: Graph) -> dict[int, GlobalMean]:
     """id(final rescale) -> the frontend's global int8 average (``global_means``) it ends, when one
     rescale to int8 per tensor reads the pool: the three ops are one TFLite MEAN."""
     found = {}
     for mean in global_means(graph):
-        readers = users.get(mean.pool.result, [])
-        if len(readers) != 1 or readers[0].kind != "rescale" or mean.pool.result in outputs:
-            continue
-        if _int8_per_tensor(mean.widen.operands[0].type) and _int8_per_tensor(readers[0].result.type):
-            found[id(readers[0])] = mean
+        if _int8_per_tensor(mean.widen.operands[0].type) and _int8_per_tensor(mean.final.result.type):
+            found[id(mean.final)] = mean
     return found
 
 
