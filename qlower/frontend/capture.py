@@ -132,6 +132,26 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Qua
         return _quantize(model, example_inputs, quant, batches, bar, fold_weights, fast_paths)
 
 
+def prepare(gm: GraphModule, quant: QuantConfig, batches: list[tuple], fast_paths: bool = True) -> GraphModule:
+    """The exported ``gm`` (rewritten in place) ready for calibration: BatchNorms folded, annotated by
+    the QlowerQuantizer, observers inserted by prepare_pt2e. Observers pass their input through, so
+    it computes what the float model computes, up to float rounding."""
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    from qlower.frontend.quantizer import QlowerQuantizer
+
+    if fast_paths:
+        fold_batch_norms(gm)  # before prepare_pt2e, whose own fold is slow and can be wrong (batch_norm_fold.py)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantizer = QlowerQuantizer(quant, observe_weights_once=fast_paths)
+        quantizer.keep_float = non_finite_nodes(gm, batches)
+        prepared = prepare_pt2e(gm, quantizer)
+    if quant.fallback == "error":
+        _reject_unfolded_batch_norm(prepared)
+    return prepared
+
+
 def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig,
               batches: list[tuple], bar: tqdm, fold_weights: bool = True, fast_paths: bool = True) -> Captured:
     seconds: dict[str, float] = {}
@@ -149,21 +169,13 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
         warnings.simplefilter("ignore")
         float_graph = copy.deepcopy(gm)  # gm is rewritten in place (BatchNorm folding, observers)
     lap("export")
-    if fast_paths:
-        fold_batch_norms(gm)  # before prepare_pt2e, whose own fold is slow and can be wrong (batch_norm_fold.py)
+    bar.set_description("quantizing: prepare")
+    prepared = prepare(gm, quant, batches, fast_paths)
 
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    from qlower.frontend.quantizer import QlowerQuantizer
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        bar.set_description("quantizing: prepare")
-        quantizer = QlowerQuantizer(quant, observe_weights_once=fast_paths)
-        quantizer.keep_float = non_finite_nodes(gm, batches)
-        prepared = prepare_pt2e(gm, quantizer)
-        if quant.fallback == "error":
-            _reject_unfolded_batch_norm(prepared)
         bar.update()
         lap("prepare")
         bar.set_description("quantizing: calibrate")
