@@ -1,5 +1,6 @@
 """Fuzzing the frontend's rewrites of PyTorch models: random stacks of convs, BatchNorms, shared
-and re-read modules, transposed convs, branches and activations.
+and re-read modules, transposed convs, branches, activations and ops the frontend decomposes
+(chunk, unbind, in-place ops, LayerNorm, GroupNorm, abs, div, flip, roll, softmax ...).
 
 Two properties per model:
 - the prepared model (exported, BatchNorms folded or made channel_affine, annotated, observers
@@ -131,6 +132,35 @@ class Conv1dBN(nn.Module):
         return self.bn(self.conv(x.flatten(2))).reshape(x.shape)
 
 
+class Misc(nn.Module):
+    """One of the ops the frontend rewrites or decomposes, between two 1x1 convs (so it reads and
+    writes quantized activations)."""
+
+    OPS = {
+        "chunk_swap": lambda m, x: torch.cat(list(reversed(x.chunk(2, dim=1))), dim=1),
+        "unbind_stack": lambda m, x: torch.stack([t * (i + 1) for i, t in enumerate(x.unbind(1))], dim=1),
+        "inplace": lambda m, x: x.clone().mul_(0.5).add_(1.0).clamp_(-2.0, 3.0),
+        "layer_norm": lambda m, x: m.ln(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2),
+        "group_norm": lambda m, x: m.gn(x),
+        "squeeze_excite": lambda m, x: x * nn.functional.hardsigmoid(x.mean(dim=(2, 3), keepdim=True)),
+        "abs_div": lambda m, x: x.abs() / 3.0 - x / 4.0,
+        "flip_roll": lambda m, x: torch.roll(torch.flip(x, dims=[3]), shifts=1, dims=2),
+        "upsample_pool": lambda m, x: nn.functional.max_pool2d(nn.functional.interpolate(x, scale_factor=2.0), 2),
+        "max_min": lambda m, x: torch.maximum(x, x.flip(2)) - torch.minimum(x, x.amax(dim=1, keepdim=True)),
+        "softmax": lambda m, x: x.softmax(dim=1) * 4.0,
+        "sigmoid_tanh": lambda m, x: torch.sigmoid(x) + torch.tanh(x),
+    }
+
+    def __init__(self, c, gen, op):
+        super().__init__()
+        self.op = op
+        self.pre, self.post = nn.Conv2d(c, c, 1), nn.Conv2d(c, c, 1)
+        self.ln, self.gn = nn.LayerNorm(c), nn.GroupNorm(1, c)
+
+    def forward(self, x):
+        return self.post(self.OPS[self.op](self, self.pre(x)))
+
+
 BLOCKS = {"lone": LoneBatchNorm, "conv1d": Conv1dBN, "read_twice": ReadTwice, "shared_conv": SharedConv, "two_batch_norms": TwoBatchNorms,
           "transposed": TransposedConvBN, "branches": Branches, "after_add": BatchNormAfterAdd}
 
@@ -153,8 +183,10 @@ def nets(draw):
     c = draw(st.sampled_from([3, 4, 8]))
     blocks = []
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["conv_bn", *BLOCKS]))
-        if kind == "conv_bn":
+        kind = draw(st.sampled_from(["conv_bn", "misc", *BLOCKS]))
+        if kind == "misc":
+            blocks.append(Misc(c, gen, draw(st.sampled_from(list(Misc.OPS)))))
+        elif kind == "conv_bn":
             blocks.append(ConvBN(c, gen, draw(st.sampled_from([1, 3])), draw(st.booleans()), draw(st.booleans()),
                                  draw(st.sampled_from(list(ACTIVATIONS)))))
         else:
