@@ -18,6 +18,7 @@ serving its other readers. torchao's fold then finds nothing left to fold.
 from __future__ import annotations
 
 from collections import Counter
+from operator import attrgetter
 
 import torch
 from torch.fx import GraphModule, Node
@@ -99,9 +100,7 @@ def _constant(gm: GraphModule, node: object) -> torch.Tensor | None:
         return None
     if not isinstance(node, Node) or node.op != "get_attr":
         raise LookupError(node)
-    value = gm
-    for part in node.target.split("."):
-        value = getattr(value, part)
+    value = attrgetter(node.target)(gm)
     if not isinstance(value, torch.Tensor):
         raise LookupError(node)
     return value

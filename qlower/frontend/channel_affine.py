@@ -16,6 +16,8 @@ The fake-quant model runs this op (in float32, like the eager BatchNorm up to ro
 
 from __future__ import annotations
 
+from operator import attrgetter
+
 import torch
 from torch.fx import GraphModule, Node
 
@@ -38,10 +40,7 @@ def _constant(gm: GraphModule, node: object) -> torch.Tensor | None:
         return None
     if not isinstance(node, Node) or node.op != "get_attr":
         raise LookupError
-    value = gm
-    for part in node.target.split("."):
-        value = getattr(value, part)
-    return value.detach().to(torch.float64)
+    return attrgetter(node.target)(gm).detach().to(torch.float64)
 
 
 def replace_unfolded_batch_norm(gm: GraphModule) -> GraphModule:

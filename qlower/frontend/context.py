@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -117,10 +118,7 @@ class ImportContext:
         return entry
 
     def attr(self, target: str, owner: torch.nn.Module | None = None) -> object:
-        obj = self.gm if owner is None else owner
-        for part in target.split("."):
-            obj = getattr(obj, part)
-        return obj
+        return attrgetter(target)(self.gm if owner is None else owner)
 
     def origin_of(self, node: Node | None, perm: Perm | None = None) -> Origin:
         if node is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import operator
 import warnings
 from collections.abc import Callable
+from operator import attrgetter
 
 import torch
 from torch import nn
@@ -95,9 +96,7 @@ def _splice(gm: GraphModule, node: Node, module: GraphModule, inputs: list[Node]
                 continue
             if n.op == "get_attr":
                 name = f"_qlower_decomposed_{len(list(gm.named_buffers())) + len(env)}_{n.target.replace('.', '_')}"
-                value = module
-                for part in n.target.split("."):
-                    value = getattr(value, part)
+                value = attrgetter(n.target)(module)
                 gm.register_buffer(name, value.detach().clone() if isinstance(value, torch.Tensor) else value)
                 new = graph.get_attr(name)
                 new.meta.update(n.meta)

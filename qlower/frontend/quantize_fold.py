@@ -11,6 +11,7 @@ get_attr of the quantize op's own name, as torchao writes it.
 from __future__ import annotations
 
 import functools
+from operator import attrgetter
 
 import torch
 from torch.fx import GraphModule, Node
@@ -70,9 +71,7 @@ def fold_constant_quantize(gm: GraphModule) -> int:
 
 def _evaluate(gm: GraphModule, node: Node, value) -> torch.Tensor | None:
     if node.op == "get_attr":
-        attr = gm
-        for part in node.target.split("."):
-            attr = getattr(attr, part)
+        attr = attrgetter(node.target)(gm)
         return attr if isinstance(attr, torch.Tensor) else None
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return None
