@@ -9,7 +9,10 @@ Two properties per model:
   own BatchNorm fold does, on a conv read twice or a weight used twice: the last test shows this
   fuzzer finds it);
 - the compiled reference program is within 1 quantization step of PyTorch's fake-quant model per
-  layer (the importer's promise).
+  layer (the importer's promise); under dynamic quantization, whose scales are chosen at run time,
+  its float outputs agree with fake-quant's to 1e-5 of their magnitude.
+
+Each model is drawn with one of four configurations: int8, A16W8, per-tensor weights, dynamic.
 
 ``QLOWER_FUZZ_EXAMPLES`` examples when set (``make fuzz``), else CI's small budget below.
 """
@@ -30,6 +33,8 @@ from qlower.testing.frontend import fake_quant_agreement
 pytestmark = pytest.mark.fuzz
 
 EXAMPLES = int(os.environ.get("QLOWER_FUZZ_EXAMPLES", "0"))
+CONFIGS = {"int8": QuantConfig(), "A16W8": QuantConfig(act_dtype="int16"), "per-tensor weights": QuantConfig(per_channel=False),
+           "dynamic": QuantConfig(mode="dynamic")}
 ACTIVATIONS = {"none": nn.Identity, "relu": nn.ReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish}
 
 
@@ -164,6 +169,8 @@ class Misc(nn.Module):
 BLOCKS = {"lone": LoneBatchNorm, "conv1d": Conv1dBN, "read_twice": ReadTwice, "shared_conv": SharedConv, "two_batch_norms": TwoBatchNorms,
           "transposed": TransposedConvBN, "branches": Branches, "after_add": BatchNormAfterAdd}
 
+UNFOLDED = {"lone", "after_add"}  # BatchNorms no conv feeds: channel_affine
+
 
 class RandomNet(nn.Module):
     def __init__(self, blocks, c, gen):
@@ -181,9 +188,12 @@ def nets(draw):
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)  # the modules' initial weights
     c = draw(st.sampled_from([3, 4, 8]))
+    quant = draw(st.sampled_from(list(CONFIGS.values())))
+    # an unfolded BatchNorm on int16 codes is up to 2 steps off (test_a16w8_unfolded_batch_norm_within_a_step)
+    kinds = ["conv_bn", "misc", *(k for k in BLOCKS if quant.act_dtype != "int16" or k not in UNFOLDED)]
     blocks = []
     for _ in range(draw(st.integers(1, 4))):
-        kind = draw(st.sampled_from(["conv_bn", "misc", *BLOCKS]))
+        kind = draw(st.sampled_from(kinds))
         if kind == "misc":
             blocks.append(Misc(c, gen, draw(st.sampled_from(list(Misc.OPS)))))
         elif kind == "conv_bn":
@@ -194,11 +204,11 @@ def nets(draw):
     model = RandomNet(blocks, c, gen).eval()
     size = draw(st.sampled_from([4, 6]))
     batches = [(torch.randn(2, c, size, size, generator=gen),) for _ in range(2)]
-    return model, batches
+    return model, batches, quant
 
 
-def _prepared_matches_eager(model, batches, fast_paths=True):
-    gm = prepare(export_module(model, batches[0], static=True), QuantConfig(), batches, fast_paths)
+def _prepared_matches_eager(model, batches, quant, fast_paths=True):
+    gm = prepare(export_module(model, batches[0], static=quant.mode == "static"), quant, batches, fast_paths)
     with torch.no_grad():
         for (x,) in batches:
             want, got = model(x), gm(x)
@@ -219,8 +229,15 @@ def test_prepared_model_computes_the_float_function(net):
 @_settings(25)
 @given(net=nets())
 def test_reference_is_within_a_step_of_fake_quant_per_layer(net):
-    model, batches = net
-    prog = qlower.compile(model, batches[0], target="reference", calibration=batches, progress=False)
+    model, batches, quant = net
+    prog = qlower.compile(model, batches[0], target="reference", quant=quant, calibration=batches, progress=False)
+    if quant.mode == "dynamic":  # run-time scales: no step per layer; the float outputs agree (1e-5 relative)
+        for (x,) in batches:
+            with torch.no_grad():
+                want = prog.frontend.fake_quant(x)
+            torch.testing.assert_close(torch.from_numpy(prog.run(x)[0]), want, rtol=0,
+                                       atol=1e-5 * max(1.0, want.abs().max().item()))
+        return
     cmp = fake_quant_agreement(prog.frontend, batches)
     assert cmp.layers.total > 0 and cmp.layers.max_step <= 1, cmp
 
@@ -240,3 +257,17 @@ def test_fuzzer_finds_torchaos_batch_norm_fold_changing_the_function():
 
     run()
     assert failures, "no example caught torchao's fold changing the function"
+
+
+@pytest.mark.xfail(strict=True, reason="channel_affine on int16 codes holds its per-channel multiplier in about "
+                   "14 bits (int32 headroom over 16-bit codes): up to 2 steps from fake-quant; a per-channel "
+                   "rescale (31-bit multipliers) would keep it within 1")
+def test_a16w8_unfolded_batch_norm_within_a_step():
+    gen = torch.Generator().manual_seed(1)
+    torch.manual_seed(1)
+    model = RandomNet([BatchNormAfterAdd(3, gen)], 3, gen).eval()
+    batches = [(torch.randn(2, 3, 4, 4, generator=gen),) for _ in range(2)]
+    prog = qlower.compile(model, batches[0], target="reference", quant=CONFIGS["A16W8"], calibration=batches,
+                          progress=False)
+    cmp = fake_quant_agreement(prog.frontend, batches)
+    assert cmp.layers.max_step <= 1, cmp

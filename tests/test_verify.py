@@ -270,3 +270,20 @@ def test_npu_cycles_per_layer_reach_explain_and_the_report(tiny, tmp_path):
     assert "Cycles per layer" in report.write_html(tmp_path / "r.html").read_text()
     reference = qlower.verify(model, example, target="reference", quant=quant, calibration=calib, progress=False)
     assert reference.cycles == [] and "Cycles per layer" not in reference.write_html(tmp_path / "s.html").read_text()
+
+
+def test_a_dynamic_model_reports_no_code_steps_it_cannot_measure():
+    """Codes quantized at run time have their scale in the run, not in their type: the report shows no
+    steps for them (it showed 124 "steps" against scale 1), and a float output without a step no "nan";
+    the program still agrees with fake-quant at the output."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                                torch.nn.Linear(4 * 6 * 6, 5)).eval()
+    x = torch.randn(1, 3, 8, 8)
+    report = qlower.verify(model, (x,), target="cpu", quant=qlower.QuantConfig(mode="dynamic"), progress=False)
+    dynamic = [r for r in report.layers if "dynamic" in r.type]
+    assert dynamic and all(r.ref_vs_fake_quant is None and r.isolated_vs_fake_quant is None for r in dynamic)
+    assert all(r.target_vs_ref is None or r.target_vs_ref.max_steps == 0 for r in dynamic)
+    assert report.ok and "nan" not in report.table()
+    (out,) = report.outputs
+    assert out.ref_vs_fake_quant.max_abs <= 1e-5 * out.ref_max_abs

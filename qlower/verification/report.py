@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from dataclasses import dataclass, field, replace
 
 from qlower.verification.metrics import Comparison
@@ -166,7 +167,8 @@ class VerificationReport:
 
 
 def _fmt(x, spec: str = "{:.4g}") -> str:
-    return "—" if x is None else spec.format(x)
+    """``x`` formatted; "—" for no value, or a step count of a float without a step (NaN)."""
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else spec.format(x)
 
 
 def _json_default(x):
