@@ -18,11 +18,12 @@ serving its other readers. torchao's fold then finds nothing left to fold.
 from __future__ import annotations
 
 from collections import Counter
-from operator import attrgetter
 
 import torch
 from torch.fx import GraphModule, Node
 from torch.nn.utils.fusion import fuse_conv_bn_weights, fuse_linear_bn_weights
+
+from qlower.frontend.constants import attribute_tensor
 
 aten = torch.ops.aten
 
@@ -44,8 +45,8 @@ def fold_batch_norms(gm: GraphModule) -> int:
             continue
         weight, bias = gemm.args[1], gemm.args[2] if len(gemm.args) > 2 else None
         try:
-            w, b = _constant(gm, weight), _constant(gm, bias)
-            bn_w, bn_b, mean, var = (_constant(gm, a) for a in bn.args[1:5])
+            w, b = attribute_tensor(gm, weight), attribute_tensor(gm, bias)
+            bn_w, bn_b, mean, var = (attribute_tensor(gm, a) for a in bn.args[1:5])
         except LookupError:
             continue
         if mean is None or var is None:
@@ -93,17 +94,6 @@ def _foldable(gemm: Node) -> bool:
     x = gemm.args[0]
     return (gemm.target == aten.linear.default and isinstance(x, Node)
             and isinstance(x.meta.get("val"), torch.Tensor) and x.meta["val"].dim() == 2)
-
-
-def _constant(gm: GraphModule, node: object) -> torch.Tensor | None:
-    if node is None:
-        return None
-    if not isinstance(node, Node) or node.op != "get_attr":
-        raise LookupError(node)
-    value = attrgetter(node.target)(gm)
-    if not isinstance(value, torch.Tensor):
-        raise LookupError(node)
-    return value
 
 
 def _set_attr(gm: GraphModule, target: str, value: torch.nn.Parameter) -> None:

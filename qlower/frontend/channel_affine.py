@@ -16,10 +16,10 @@ The fake-quant model runs this op (in float32, like the eager BatchNorm up to ro
 
 from __future__ import annotations
 
-from operator import attrgetter
-
 import torch
-from torch.fx import GraphModule, Node
+from torch.fx import GraphModule
+
+from qlower.frontend.constants import attribute_tensor
 
 aten = torch.ops.aten
 
@@ -36,11 +36,8 @@ def _channel_affine_fake(input: torch.Tensor, scale: torch.Tensor, shift: torch.
 
 
 def _constant(gm: GraphModule, node: object) -> torch.Tensor | None:
-    if node is None:
-        return None
-    if not isinstance(node, Node) or node.op != "get_attr":
-        raise LookupError
-    return attrgetter(node.target)(gm).detach().to(torch.float64)
+    value = attribute_tensor(gm, node)
+    return None if value is None else value.detach().to(torch.float64)
 
 
 def replace_unfolded_batch_norm(gm: GraphModule) -> GraphModule:

@@ -11,11 +11,12 @@ get_attr of the quantize op's own name, as torchao writes it.
 from __future__ import annotations
 
 import functools
-from operator import attrgetter
 
 import torch
 from torch.fx import GraphModule, Node
 from torch.utils import _pytree as pytree
+
+from qlower.frontend.constants import attribute_tensor, written_nodes
 
 
 @functools.cache
@@ -29,7 +30,7 @@ def _quantize_ops() -> tuple[set, set]:
 def fold_constant_quantize(gm: GraphModule) -> int:
     """Replace, in place, every quantize op computed from constants only by its result; returns how many."""
     quantize_ops = _quantize_ops()[0]
-    written = _written_nodes(gm)
+    written = written_nodes(gm)
     values: dict[Node, torch.Tensor | None] = {}
 
     def value(node: Node) -> torch.Tensor | None:
@@ -71,8 +72,10 @@ def fold_constant_quantize(gm: GraphModule) -> int:
 
 def _evaluate(gm: GraphModule, node: Node, value) -> torch.Tensor | None:
     if node.op == "get_attr":
-        attr = attrgetter(node.target)(gm)
-        return attr if isinstance(attr, torch.Tensor) else None
+        try:
+            return attribute_tensor(gm, node)
+        except LookupError:
+            return None
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return None
     if node.target in _quantize_ops()[1] or torch.Tag.nondeterministic_seeded in node.target.tags:
@@ -91,27 +94,3 @@ def _evaluate(gm: GraphModule, node: Node, value) -> torch.Tensor | None:
         return None
     out = node.target(*args, **kwargs)
     return out if isinstance(out, torch.Tensor) else None
-
-
-def _written_nodes(gm: GraphModule) -> set[Node]:
-    """Nodes some op writes in place (an argument its schema marks as written), and what they are
-    views of: not constants."""
-    written: set[Node] = set()
-    for node in gm.graph.nodes:
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-        if schema is None:
-            continue
-        for arg, a in zip(schema.arguments, node.args):
-            if isinstance(a, Node) and arg.alias_info is not None and arg.alias_info.is_write:
-                while isinstance(a, Node) and a not in written:
-                    written.add(a)
-                    a = _viewed(a)
-    return written
-
-
-def _viewed(node: Node) -> Node | None:
-    """The tensor ``node`` is a view of (its first argument aliases the result), else None."""
-    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
-    if schema is None or not schema.arguments or not node.args or schema.arguments[0].alias_info is None:
-        return None
-    return node.args[0] if isinstance(node.args[0], Node) else None

@@ -60,6 +60,7 @@ from torchao.quantization.pt2e.quantizer import (
 from qlower.errors import InputError
 from qlower.frontend.channel_affine import replace_unfolded_batch_norm
 from qlower.frontend.config import INT16_ACT_RANGE, FixedQParams, QuantConfig
+from qlower.frontend.constants import written_nodes
 from qlower.frontend.source import module_paths
 
 aten = torch.ops.aten
@@ -189,20 +190,6 @@ def _observe_once(spec: QuantizationSpec) -> QuantizationSpec:
     return replace(spec, observer_or_fake_quant_ctr=ctr[spec.observer_or_fake_quant_ctr])
 
 
-def _unchanging_attribute(node: Node) -> bool:
-    """A get_attr that no op of the graph writes (no in-place op or copy_ takes it as a mutated argument)."""
-    if node.op != "get_attr":
-        return False
-    for user in node.users:
-        schema = getattr(user.target, "_schema", None)
-        if schema is None:
-            return False
-        for arg, value in zip(schema.arguments, user.args):
-            if value is node and arg.alias_info is not None and arg.alias_info.is_write:
-                return False
-    return True
-
-
 class _Constants:
     """Which nodes compute a constant (no graph input upstream), memoized in graph order."""
 
@@ -223,6 +210,7 @@ class QlowerQuantizer(Quantizer):
         super().__init__()
         self.config = c = config
         self.observe_weights_once = observe_weights_once
+        self._written: set[Node] = set()  # nodes ops write in place, found when annotating
         self.act = QuantizationSpec(
             dtype=torch.int8, quant_min=c.act_qmin, quant_max=c.act_qmax,
             qscheme=torch.per_tensor_symmetric if c.symmetric_acts else torch.per_tensor_affine,
@@ -285,6 +273,7 @@ class QlowerQuantizer(Quantizer):
         return replace_unfolded_batch_norm(model) if self.config.mode == "static" else model
 
     def annotate(self, model: GraphModule) -> GraphModule:
+        self._written = written_nodes(model)
         self._resolve_overrides(model)
         self._check_layer_dtypes(model)
         if self.config.mode == "dynamic":
@@ -314,7 +303,8 @@ class QlowerQuantizer(Quantizer):
 
     def _weight(self, node: Node, spec: QuantizationSpec) -> QuantizationSpec:
         """``spec``, observed once when ``node`` is a parameter or buffer nothing writes."""
-        return _observe_once(spec) if self.observe_weights_once and _unchanging_attribute(node) else spec
+        once = self.observe_weights_once and node.op == "get_attr" and node not in self._written
+        return _observe_once(spec) if once else spec
 
     def act_for(self, node: Node) -> QuantizationSpec:
         """The activation spec of ``node``'s result and of the inputs it reads: int16 or int8 by its module."""

@@ -1,0 +1,48 @@
+"""The constants of an exported module: the tensor a get_attr reads, and which nodes ops write in place.
+
+BatchNorm folding, channel_affine, weight-quantization folding and the once-observers of
+calibration all need to know that a value is a tensor attribute, and that nothing changes it.
+"""
+
+from __future__ import annotations
+
+from operator import attrgetter
+
+import torch
+from torch.fx import GraphModule, Node
+
+
+def attribute_tensor(gm: GraphModule, node: object) -> torch.Tensor | None:
+    """The tensor the get_attr ``node`` reads (None for None); LookupError for anything else."""
+    if node is None:
+        return None
+    if not isinstance(node, Node) or node.op != "get_attr":
+        raise LookupError(node)
+    value = attrgetter(node.target)(gm)
+    if not isinstance(value, torch.Tensor):
+        raise LookupError(node)
+    return value
+
+
+def written_nodes(gm: GraphModule) -> set[Node]:
+    """Nodes some op writes in place (an argument its schema marks as written), and what they are
+    views of: not constants."""
+    written: set[Node] = set()
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None:
+            continue
+        for arg, a in zip(schema.arguments, node.args):
+            if isinstance(a, Node) and arg.alias_info is not None and arg.alias_info.is_write:
+                while isinstance(a, Node) and a not in written:
+                    written.add(a)
+                    a = _viewed(a)
+    return written
+
+
+def _viewed(node: Node) -> Node | None:
+    """The tensor ``node`` is a view of (its first argument aliases the result), else None."""
+    schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+    if schema is None or not schema.arguments or not node.args or schema.arguments[0].alias_info is None:
+        return None
+    return node.args[0] if isinstance(node.args[0], Node) else None
