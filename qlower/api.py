@@ -11,6 +11,7 @@ from qlower.backends.threads import check_threads
 from qlower.errors import ConfigError
 from qlower.frontend.config import QuantConfig
 from qlower.ir import Graph
+from qlower.ir.rewrite import apply_rewrites
 from qlower.program import Program
 
 DEFAULT_QUANT = QuantConfig()
@@ -19,9 +20,10 @@ DEFAULT_QUANT = QuantConfig()
 def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dict | None = None,
                 trace: bool = False, backend_options: dict[str, Any] | None = None,
                 progress: bool = False) -> Program:
-    """Partition an optimised IR graph for ``target`` and lower its partitions
-    (``backend_options``: arguments of the target's backend, see ``compile``;
-    ``progress``: a progress bar)."""
+    """Rewrite an optimised IR graph for ``target`` (the backend's declared rewrites, the IR
+    verified after each), partition it and lower its partitions (``backend_options``: arguments
+    of the target's backend, see ``compile``; ``progress``: a progress bar). The program's
+    ``canonical`` is ``graph``, its ``source`` the rewritten form."""
     check_target(target, backend_options)
     meta = dict(meta or {})
     meta["threads"] = check_threads(threads)
@@ -29,13 +31,16 @@ def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dic
     from qlower.partition import float_fallbacks, partition
 
     if backend is None:
-        return Program(target, graph, graph, decisions=float_fallbacks(graph), meta=meta)
+        return Program(target, graph, graph, decisions=float_fallbacks(graph), meta=meta, canonical=graph)
 
     t0 = time.perf_counter()
-    graph = backend.rewrite(graph, target)
-    result = partition(graph, backend, target, trace=trace, progress=progress)
+    # the backend's rewrites, each verified; the program keeps the graph they received (canonical)
+    form, applied = apply_rewrites(graph, backend.rewrites(target))
+    if applied:
+        meta["rewrites"] = [r.as_meta() for r in applied]
+    result = partition(form, backend, target, trace=trace, progress=progress)
     meta["lower_seconds"] = round(time.perf_counter() - t0, 4)
-    return Program(target, result.host, graph, result.partitions, result.decisions, meta)
+    return Program(target, result.host, form, result.partitions, result.decisions, meta, canonical=graph)
 
 
 def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference",

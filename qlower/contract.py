@@ -17,6 +17,7 @@ import numpy as np
 
 from qlower.errors import InputError
 from qlower.ir import Graph, Op, TensorType
+from qlower.ir.rewrite import Rewrite, Rewritten, apply_rewrites
 
 
 @dataclass(frozen=True)
@@ -149,13 +150,26 @@ class Backend(ABC):
     name: str
     targets: tuple[str, ...]
 
-    def rewrite(self, graph: Graph, target: str) -> Graph:
-        """The graph a program for ``target`` means, before partitioning (the default: ``graph``).
+    def rewrites(self, target: str) -> Sequence[Rewrite]:
+        """The rewrites that give a program for ``target`` its form, in order (the default: none).
 
         A backend whose kernels compute an op's numbers one definite way may give the graph's ops
-        that meaning here (LiteRT: the rounding of its fused requantization); the result is the
-        program's source, so the reference interpreter computes the same numbers."""
-        return graph
+        that meaning (LiteRT: the rounding of its fused requantization), or choose a cheaper form
+        (Ethos-U: a mean's form, an interpolated table). Each rewrite declares its bound against the
+        graph it receives (``qlower.ir.rewrite``); ``lower_graph`` verifies the IR after each and the
+        program keeps both forms, so verification compares the target with its own form (exactly)
+        and that form with the canonical program (within the declared bounds).
+
+        A backend that overrides ``rewrite`` instead (the contract before declared rewrites) gets
+        that one rewrite, declaring nothing: it is checked as exact."""
+        if type(self).rewrite is not Backend.rewrite:
+            return (_Undeclared(self, target),)
+        return ()
+
+    def rewrite(self, graph: Graph, target: str) -> Graph:
+        """The graph a program for ``target`` means, before partitioning: ``graph`` through
+        ``rewrites(target)``, each verified (the result is the program's source)."""
+        return apply_rewrites(graph, self.rewrites(target))[0]
 
     @abstractmethod
     def supports(self, op: Op, target: str) -> Verdict:
@@ -196,6 +210,20 @@ class Backend(ABC):
         op by facts beyond its own types (the graph's inputs, outputs and constant data). The
         default needs none."""
         return None
+
+
+class _Undeclared(Rewrite):
+    """A backend's own ``rewrite`` override as a rewrite that declares no change (exact)."""
+
+    steps = 0
+    what = "the backend's rewrite (it declares no bound: checked as exact)"
+
+    def __init__(self, backend: Backend, target: str):
+        self.backend, self.target = backend, target
+        self.name = f"{backend.name}.rewrite"
+
+    def apply(self, graph: Graph) -> Rewritten:
+        return Rewritten(self.backend.rewrite(graph, self.target))
 
 
 def check_payload_inputs(payload: Payload, inputs: Sequence[np.ndarray], what: str) -> list[np.ndarray]:

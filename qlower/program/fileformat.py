@@ -51,6 +51,7 @@ import safetensors.numpy
 from qlower.contract import Backend, Payload
 from qlower.errors import InvalidProgramError, SaveError
 from qlower.ir import Graph, verify_graph
+from qlower.ir.rewrite import AppliedRewrite
 from qlower.partition import HostDecision, Partition
 from qlower.program.irjson import TensorReader, TensorWriter, dec_type, decode_graph, enc_type, encode_graph
 from qlower.program.jsonchecks import as_int, as_list, as_obj, as_str, fail
@@ -420,6 +421,11 @@ def _dec_meta(x: Any) -> dict[str, Any]:
     threads = meta.get("threads")
     if threads is not None and (type(threads) is not int or not 1 <= threads <= 4096):
         raise fail("program meta", f"threads must be null or an integer in [1, 4096], got {str(threads)[:40]}")
+    for i, record in enumerate(as_list(meta.get("rewrites", []), "program meta rewrites")):
+        try:
+            AppliedRewrite.from_meta(record)
+        except ValueError as e:
+            raise fail(f"program meta rewrite #{i}", str(e)) from None
     return meta
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from qlower.ir import Graph, print_graph
+from qlower.ir.rewrite import AppliedRewrite
 from qlower.partition import HostDecision, Partition
 
 
@@ -17,8 +18,12 @@ class Program:
     """What ``qlower.compile`` returns.
 
     ``graph`` is the host graph (``delegate`` ops call ``partitions``);
-    ``source`` is the optimised IR before partitioning (the reference
-    interpreter's program, and the map for per-layer comparison).
+    ``source`` is the target's form of the optimised IR before partitioning (what the target
+    computes exactly, and the map for per-layer comparison); ``canonical`` is the optimised IR
+    before the backend's rewrites (what the ``reference`` target computes: DESIGN.md rule 10).
+    ``rewrites`` lists the rewrites between the two, each with its declared bound. A program
+    file keeps ``source`` and ``rewrites``, not ``canonical`` (None when loaded: verification
+    compiles it again from the model, see ``qlower.verification``).
     """
 
     target: str
@@ -29,6 +34,20 @@ class Program:
     meta: dict[str, Any] = field(default_factory=dict)
     frontend: Any = field(default=None, repr=False)  # the FrontendResult, when compiled in this process
     _runner: Any = field(default=None, repr=False)
+    canonical: Graph | None = field(default=None, repr=False)
+
+    @property
+    def rewrites(self) -> list[AppliedRewrite]:
+        """The backend rewrites that made ``source`` from the canonical program, in order."""
+        return [AppliedRewrite.from_meta(d) for d in self.meta.get("rewrites", [])]
+
+    @property
+    def canonical_graph(self) -> Graph | None:
+        """The canonical program: ``canonical``, or ``source`` when no rewrite changed it; None when
+        unknown (a loaded program whose form was rewritten)."""
+        if self.canonical is not None:
+            return self.canonical
+        return None if self.meta.get("rewrites") else self.source
 
     # -- running (qlower/runtime executes; a Program only holds what it runs) -----
     def runner(self):
@@ -79,6 +98,13 @@ class Program:
             if p.payload.meta.get("summary"):  # the backend's one line about its payload, and its details
                 lines.append(f"      {p.payload.meta['summary']}")
             lines.extend(f"      {line}" for line in p.payload.meta.get("details", []) if isinstance(line, str))
+        rewrites = self.rewrites
+        if rewrites:
+            lines.append("rewrites of the canonical program (the reference target's), in order, each bounded "
+                         "against the graph it received:")
+            for r in rewrites:
+                shown = ", ".join(f"%{v}" for v in r.values[:6]) + (f", … ({len(r.values)})" if len(r.values) > 6 else "")
+                lines.append(f"  {r.name}: {r.bound}{f' ({shown})' if shown else ''}: {r.what}")
         if self.meta.get("float_reasons"):
             lines.append("in float because their integer rule could not take them:")
             lines.extend(f"  {reason}" for reason in self.meta["float_reasons"])

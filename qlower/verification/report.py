@@ -7,6 +7,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 
+from qlower.ir.rewrite import bound_text
 from qlower.verification.metrics import Comparison
 
 # Dynamic quantization's float outputs may differ from the reference by float rounding only.
@@ -25,13 +26,22 @@ class LayerRow:
     inside_partition: bool = False
     # the layer alone, fed with fake-quant's inputs (see qlower/verification/isolated.py)
     isolated_vs_fake_quant: Comparison | None = None
+    # a rewritten target form against the canonical program (the ``reference`` target's), when they
+    # differ: end to end; op by op with inputs forced to the canonical codes, and the bound declared
+    # for it (0 where no rewrite names it); the rewrites (of it or upstream) behind a difference
+    form_vs_canonical: Comparison | None = None
+    form_alone_steps: float | None = None
+    form_bound: int | None = None
+    rewrite: str = ""
 
     def as_dict(self) -> dict:
         return {"value": self.value, "op": self.op, "module": self.module, "source": self.source,
                 "type": self.type, "inside_partition": self.inside_partition,
                 "ref_vs_fake_quant": self.ref_vs_fake_quant and self.ref_vs_fake_quant.as_dict(),
                 "isolated_vs_fake_quant": self.isolated_vs_fake_quant and self.isolated_vs_fake_quant.as_dict(),
-                "target_vs_ref": self.target_vs_ref and self.target_vs_ref.as_dict()}
+                "target_vs_ref": self.target_vs_ref and self.target_vs_ref.as_dict(),
+                "form_vs_canonical": self.form_vs_canonical and self.form_vs_canonical.as_dict(),
+                "form_alone_steps": self.form_alone_steps, "form_bound": self.form_bound, "rewrite": self.rewrite}
 
 
 @dataclass(frozen=True)
@@ -41,10 +51,14 @@ class OutputRow:
     ref_vs_fake_quant: Comparison | None
     target_vs_ref: Comparison | None   # None: the target is the reference interpreter itself
     ref_max_abs: float = 0.0  # magnitude of the reference output, for relative bounds
+    # end to end, the target's form against the canonical program (when rewritten), and the rewrites behind it
+    form_vs_canonical: Comparison | None = None
+    rewrite: str = ""
 
     def as_dict(self) -> dict:
-        return {"index": self.index, "ref_max_abs": self.ref_max_abs, **{k: (getattr(self, k) and getattr(self, k).as_dict())
-                                        for k in ("ref_vs_fp32", "ref_vs_fake_quant", "target_vs_ref")}}
+        return {"index": self.index, "ref_max_abs": self.ref_max_abs, "rewrite": self.rewrite,
+                **{k: (getattr(self, k) and getattr(self, k).as_dict())
+                   for k in ("ref_vs_fp32", "ref_vs_fake_quant", "target_vs_ref", "form_vs_canonical")}}
 
 
 @dataclass
@@ -62,6 +76,10 @@ class VerificationReport:
     # NPU targets' per-operator cycle estimates in execution order: partition, operator, value, source,
     # op_cycles (what the device spends on it) and npu_cycles (its compute part)
     cycles: list[dict] = field(default_factory=list)
+    # the backend rewrites between the canonical program and the target's form (name, steps, what, values),
+    # and the values further from the canonical program, op by op, than declared (value, steps, bound, rewrites)
+    rewrites: list[dict] = field(default_factory=list)
+    form_violations: list[dict] = field(default_factory=list)
 
     @classmethod
     def worst_of(cls, reports: list[VerificationReport]) -> VerificationReport:
@@ -69,14 +87,24 @@ class VerificationReport:
         reached on any of them (see ``Comparison.worst``)."""
         first = reports[0]
         layers = [replace(rows[0], **{k: Comparison.worst([getattr(r, k) for r in rows])
-                                      for k in ("ref_vs_fake_quant", "target_vs_ref", "isolated_vs_fake_quant")})
+                                      for k in ("ref_vs_fake_quant", "target_vs_ref", "isolated_vs_fake_quant",
+                                                "form_vs_canonical")},
+                          form_alone_steps=_worst_steps([r.form_alone_steps for r in rows]),
+                          rewrite=_joined([r.rewrite for r in rows]))
                   for rows in zip(*(r.layers for r in reports), strict=True)]
         outputs = [replace(rows[0], ref_max_abs=max(r.ref_max_abs for r in rows),
+                           rewrite=_joined([r.rewrite for r in rows]),
                            **{k: Comparison.worst([getattr(r, k) for r in rows])
-                              for k in ("ref_vs_fp32", "ref_vs_fake_quant", "target_vs_ref")})
+                              for k in ("ref_vs_fp32", "ref_vs_fake_quant", "target_vs_ref", "form_vs_canonical")})
                    for rows in zip(*(r.outputs for r in reports), strict=True)]
+        violations: dict[str, dict] = {}
+        for r in reports:
+            for v in r.form_violations:
+                if v["value"] not in violations or v["steps"] > violations[v["value"]]["steps"]:
+                    violations[v["value"]] = v
         return cls(first.target, layers, outputs, first.dynamic, first.partitions, first.placement,
-                   first.float_fallbacks, inputs=sum(r.inputs for r in reports), cycles=first.cycles)
+                   first.float_fallbacks, inputs=sum(r.inputs for r in reports), cycles=first.cycles,
+                   rewrites=first.rewrites, form_violations=list(violations.values()))
 
     def __post_init__(self) -> None:
         self.problems = self._find_problems()
@@ -98,6 +126,11 @@ class VerificationReport:
             elif t.max_abs > 0:
                 problems.append(f"output {o.index}: {self.target} is not bit-exact with the reference "
                                 f"(max difference {t.max_abs:.3g})")
+        for v in self.form_violations:
+            declared = (f"declared {v['bound']} by {', '.join(v['rewrites'])}" if v["rewrites"]
+                        else "no rewrite declares a change")
+            problems.append(f"%{v['value']}: the {self.target} form is {v['steps']:g} steps from the canonical "
+                            f"program with its inputs forced to the canonical codes ({declared})")
         for r in self.layers:
             iso = r.isolated_vs_fake_quant
             if iso is not None and not self.dynamic and iso.max_steps > 1:
@@ -110,6 +143,11 @@ class VerificationReport:
         return not self.problems
 
     @property
+    def rewritten(self) -> bool:
+        """Whether the target's form differs from the canonical program (backend rewrites applied)."""
+        return bool(self.rewrites)
+
+    @property
     def target_compared(self) -> bool:
         """False for target ``reference``, which runs the reference interpreter: no stage to compare."""
         return any(o.target_vs_ref is not None for o in self.outputs)
@@ -118,7 +156,7 @@ class VerificationReport:
         return {"target": self.target, "ok": self.ok, "problems": self.problems, "inputs": self.inputs,
                 "target_compared": self.target_compared,
                 "partitions": self.partitions, "placement": self.placement, "float_fallbacks": self.float_fallbacks,
-                "cycles": self.cycles,
+                "cycles": self.cycles, "rewrites": self.rewrites, "form_violations": self.form_violations,
                 "layers": [r.as_dict() for r in self.layers], "outputs": [o.as_dict() for o in self.outputs]}
 
     def to_json(self) -> str:
@@ -130,20 +168,32 @@ class VerificationReport:
 
         over = f", worst of {self.inputs} inputs" if self.inputs > 1 else ""
         t = Table(title=f"qlower verify — target {self.target}{over}", show_lines=False)
-        for col in ("layer", "source", "isolated steps", "end-to-end steps", "exact %", "SQNR dB",
-                    f"{self.target}↔ref steps"):
+        columns = ["layer", "source", "isolated steps", "end-to-end steps", "exact %", "SQNR dB",
+                   f"{self.target}↔ref steps"]
+        if self.rewritten:   # the form against the canonical program: alone (bound) / end to end, and by what
+            columns += ["form↔canonical alone/e2e", "rewrite"]
+        for col in columns:
             t.add_column(col, overflow="fold")
         for r in self.layers:
             fq, tg = r.ref_vs_fake_quant, r.target_vs_ref
             name = ("  ⤷ " if r.inside_partition else "") + f"{r.module or r.op}"
             iso = r.isolated_vs_fake_quant
-            t.add_row(name, r.source.rsplit("/", 1)[-1], _fmt(iso and iso.max_steps),
-                      _fmt(fq and fq.max_steps), _fmt(fq and 100 * fq.exact_share, "{:.1f}"),
-                      _fmt(fq and fq.sqnr_db, "{:.1f}"), _fmt(tg and tg.max_steps))
+            cells = [name, r.source.rsplit("/", 1)[-1], _fmt(iso and iso.max_steps),
+                     _fmt(fq and fq.max_steps), _fmt(fq and 100 * fq.exact_share, "{:.1f}"),
+                     _fmt(fq and fq.sqnr_db, "{:.1f}"), _fmt(tg and tg.max_steps)]
+            if self.rewritten:
+                alone = _fmt(r.form_alone_steps) + (f" (≤{r.form_bound})" if r.form_bound else "")
+                cells += [f"{alone} / {_fmt(r.form_vs_canonical and r.form_vs_canonical.max_steps)}", r.rewrite]
+            t.add_row(*cells)
         for o in self.outputs:
             fq, tg, fp = o.ref_vs_fake_quant, o.target_vs_ref, o.ref_vs_fp32
-            t.add_row(f"[bold]output {o.index}", "", "", _fmt(fq and fq.max_steps), _fmt(fq and 100 * fq.exact_share, "{:.1f}"),
-                      _fmt(fp and fp.sqnr_db, "{:.1f}"), _fmt(tg and (tg.max_abs if self.dynamic else tg.max_steps), "{:.3g}"))
+            cells = [f"[bold]output {o.index}", "", "", _fmt(fq and fq.max_steps),
+                     _fmt(fq and 100 * fq.exact_share, "{:.1f}"), _fmt(fp and fp.sqnr_db, "{:.1f}"),
+                     _fmt(tg and (tg.max_abs if self.dynamic else tg.max_steps), "{:.3g}")]
+            if self.rewritten:
+                fc = o.form_vs_canonical
+                cells += [f"— / {_fmt(fc and (fc.max_abs if self.dynamic else fc.max_steps), '{:.3g}')}", o.rewrite]
+            t.add_row(*cells)
         buf = io.StringIO()
         console = Console(file=buf, width=width, force_terminal=False, color_system=None)
         console.print(t)
@@ -151,6 +201,13 @@ class VerificationReport:
             console.print(f"{len(self.float_fallbacks)} op(s) run in float on the host:")
             for f in self.float_fallbacks:
                 console.print(f"  %{f['value']} = {f['op']}  at {f['source'] or '<no source>'}: {f['reason']}")
+        if self.rewritten:
+            console.print(f"{self.target}↔ref compares the target with the reference interpreter on its own form "
+                          "(must be 0); form↔canonical compares that form with the canonical program (the "
+                          "reference target's): each op alone, inputs forced to the canonical codes (must be within "
+                          "the bound declared in parentheses, else 0), and end to end (may drift). Rewrites:")
+            for rw in self.rewrites:
+                console.print(f"  {rw['name']}: {bound_text(rw['steps'])}, {len(rw['values'])} op(s): {rw['what']}")
         if not self.target_compared:
             console.print("target reference runs the reference interpreter itself: there is no other stage to "
                           "compare it with (—); the verdict is about the reference against fake-quant")
@@ -164,6 +221,15 @@ class VerificationReport:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _worst_steps(steps: list[float | None]) -> float | None:
+    made = [x for x in steps if x is not None]
+    return max(made) if made else None
+
+
+def _joined(names: list[str]) -> str:
+    return ", ".join(dict.fromkeys(n for text in names if text for n in text.split(", ")))
 
 
 def _fmt(x, spec: str = "{:.4g}") -> str:

@@ -2,7 +2,15 @@
 
 Stages: eager fp32 → fake-quant PyTorch (the converted PT2E model) → the
 reference interpreter on qlower's IR → the target's program (inside
-partitions too, through each payload's tensor map). A layer is an IR value
+partitions too, through each payload's tensor map). The reference the target
+is compared with is the reference interpreter on the target's own form
+(``program.source``: must be bit-exact); when a backend rewrote the canonical
+program (``program.rewrites``), that form is compared with the canonical
+program too: op by op with each op's inputs forced to the canonical codes (must
+be within the rewrites' declared bounds: exact for every value no rewrite
+names), and end to end per layer and per output (reported, attributed to the
+rewrites upstream; a one-step difference may grow along a network, as between
+the reference and fake-quant). A layer is an IR value
 holding quantized codes whose origin names a PyTorch node; PyTorch's tensor
 at that node is permuted into the IR's layout and quantized with the IR
 value's own QuantSpec, so every comparison is in codes of one type.
@@ -12,6 +20,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +29,7 @@ import torch
 from qlower.ir import Graph, Value
 from qlower.program import Program
 from qlower.reference import run_graph
+from qlower.reference.forms import ValueSteps, declared_bounds, form_steps, upstream_rewrites
 from qlower.runtime import as_numpy
 from qlower.verification.isolated import isolated_codes
 from qlower.verification.metrics import Comparison, compare_codes, compare_floats, to_codes
@@ -158,6 +168,7 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
 
     ref_outs, ref_env = run_graph(program.source, np_inputs, keep_all=True)
     ref_named = {v.name: a for v, a in ref_env.items()}
+    forms = _FormComparison.of(program, np_inputs) if program.source is not _canonical(program) else None
     # target ``reference`` runs the reference interpreter: it is not compared with itself
     compared = program.target != "reference"
     tgt_outs, tgt_named = _target_values(program, np_inputs) if compared else (None, {})
@@ -179,6 +190,7 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
             inside_partition=v.name in where,
             isolated_vs_fake_quant=None if fq is None or v not in isolated
             else compare_codes(isolated[v], fq, v.quant),
+            **({} if forms is None else forms.layer(v, ref)),
         ))
     outputs = []
     for i, (v, ref) in enumerate(zip(program.source.outputs, ref_outs)):
@@ -191,6 +203,7 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
             ref_vs_fake_quant=None if fq is None else compare_floats(ref, fq, fp, step),
             target_vs_ref=compare_floats(tgt_outs[i], ref, fp, step) if compared else None,
             ref_max_abs=float(np.abs(ref.astype(np.float64)).max(initial=0.0)),
+            **({} if forms is None else forms.output(i, v, ref, fp, step)),
         ))
     placement = [(op.kind, where.get(op.results[0].name, "host")) for op in program.source.ops if op.kind != "constant"]
     partitions = [{"name": p.name, "backend": p.backend, "target": p.target,
@@ -203,7 +216,66 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
     cycles = [{"partition": p.name, **r} for p in program.partitions
               for r in p.payload.meta.get("per_layer", []) if isinstance(r, dict)]
     return VerificationReport(program.target, rows, outputs, dynamic=program.meta.get("quant") == "dynamic",
-                              partitions=partitions, placement=placement, float_fallbacks=fallbacks, cycles=cycles)
+                              partitions=partitions, placement=placement, float_fallbacks=fallbacks, cycles=cycles,
+                              rewrites=[r.as_meta() for r in program.rewrites],
+                              form_violations=[] if forms is None else forms.violations())
+
+
+def _canonical(program: Program) -> Graph:
+    """The canonical program (what target ``reference`` computes): the program's, or, for a loaded
+    program whose form was rewritten (its file keeps the form only), the model's optimised IR
+    compiled again, as ``qlower.compile`` made it before the backend's rewrites."""
+    graph = program.canonical_graph
+    if graph is None:
+        from qlower.passes import default_pipeline
+
+        graph = default_pipeline().run(program.frontend.graph)
+        program.canonical = graph
+    return graph
+
+
+@dataclass
+class _FormComparison:
+    """The target's form (``program.source``) against the canonical program on one input tuple:
+    every shared value op by op (inputs forced to the canonical codes: the declared bound), and end
+    to end per layer and per output (the drift, attributed to the rewrites upstream)."""
+
+    canonical: Graph
+    canonical_outs: list[np.ndarray]
+    canonical_named: dict[str, tuple[Value, np.ndarray]]
+    alone: dict[str, ValueSteps]
+    upstream: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, program: Program, inputs: list[np.ndarray]) -> _FormComparison:
+        canonical = _canonical(program)
+        outs, env = run_graph(canonical, inputs, keep_all=True)
+        bounds = declared_bounds(program.rewrites)
+        alone = {r.name: r for r in form_steps(canonical, program.source, inputs, bounds, before_values=env)}
+        upstream = {v.name: names for v, names in upstream_rewrites(program.source, bounds).items()}
+        return cls(canonical, outs, {v.name: (v, a) for v, a in env.items()}, alone, upstream)
+
+    def layer(self, v: Value, form: np.ndarray) -> dict[str, Any]:
+        found = self.canonical_named.get(v.name)
+        if found is None or found[0].type != v.type:
+            return {}
+        e2e = compare_codes(form, found[1], v.quant)
+        alone = self.alone.get(v.name)
+        differs = e2e.max_steps > 0 or (alone is not None and alone.steps > 0)
+        return {"form_vs_canonical": e2e, "form_alone_steps": None if alone is None else alone.steps,
+                "form_bound": None if alone is None else alone.bound,
+                "rewrite": ", ".join(self.upstream.get(v.name, ())) if differs else ""}
+
+    def output(self, i: int, v: Value, form: np.ndarray, fp: np.ndarray | None, step: float | None) -> dict[str, Any]:
+        if i >= len(self.canonical_outs) or self.canonical.outputs[i].type != v.type:
+            return {"form_vs_canonical": Comparison.mismatched_shape()}
+        e2e = compare_floats(form, self.canonical_outs[i], fp, step)
+        return {"form_vs_canonical": e2e, "rewrite": ", ".join(self.upstream.get(v.name, ())) if e2e.max_abs else ""}
+
+    def violations(self) -> list[dict[str, Any]]:
+        """Shared values further from the canonical program, op by op, than their declared bound."""
+        return [{"value": r.name, "steps": r.steps, "bound": r.bound, "rewrites": list(r.rewrites)}
+                for r in self.alone.values() if not r.within]
 
 
 def _output_step(graph: Graph, out: Value) -> float | None:

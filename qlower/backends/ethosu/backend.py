@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from qlower.backends.ethosu.channels import cheaper_widths, narrowed_tensors, unpad_traced, widen
-from qlower.backends.ethosu.means import cheapest_means
+from qlower.backends.ethosu.channels import ChannelWidening, cheaper_widths, narrowed_tensors, unpad_traced, widen
+from qlower.backends.ethosu.means import MeanForms, pool_is_cheaper
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
-from qlower.backends.ethosu.tables import interpolated_tables
+from qlower.backends.ethosu.tables import InterpolatedTables, cheaper
 from qlower.backends.ethosu.vela import (
     ACCELERATORS,
     IOTensor,
@@ -37,6 +37,7 @@ from qlower.backends.tosa.consumer import TosaConsumer, simulated
 from qlower.contract import Payload, Verdict
 from qlower.errors import CompileError, QlowerError
 from qlower.ir import DType, Graph, GraphBuilder, Op, TensorType, Value, rebuild
+from qlower.ir.rewrite import Rewrite, Rewritten, apply_rewrite
 
 TOSA_PROFILE = "tosa-1.0+int"
 EXECUTION = str(simulated())
@@ -116,6 +117,21 @@ def materialize_aliased_outputs(graph: Graph, every: bool = False) -> Graph:
     return rebuild(graph, lambda b, op, operands: None, finish=copy)
 
 
+class OutputCopies(Rewrite):
+    """The rewrite giving aliased outputs a buffer of their own (``materialize_aliased_outputs``):
+    identity copies, so every original value keeps its codes."""
+
+    name = "ethosu.output_copies"
+    steps = 0
+    what = "outputs Vela would alias get an identity RESCALE of their own"
+
+    def __init__(self, every: bool = False):
+        self.every = every
+
+    def apply(self, graph: Graph) -> Rewritten:
+        return Rewritten(materialize_aliased_outputs(graph, self.every))
+
+
 def shared_output_buffers(outputs: Sequence[IOTensor]) -> list[tuple[int, int]]:
     """Pairs ``(i, j)``, ``i < j``, of outputs whose bytes overlap in Vela's memory map. Every
     output is live when the command stream ends, so an overlap means Vela made one output a
@@ -192,11 +208,12 @@ class EthosUBackend(TosaConsumer):
     def tosa_profile(self, target: str) -> str:
         return TOSA_PROFILE
 
-    def rewrite(self, graph: Graph, target: str) -> Graph:
+    def rewrites(self, target: str) -> tuple[Rewrite, ...]:
         """Each mean over H and W, and each int16 lookup, in the form Vela runs fastest on this accelerator
-        (means.py, tables.py)."""
+        (means.py, tables.py), each within a step per rewritten op of the graph it receives."""
         config = self.config(target)
-        return interpolated_tables(cheapest_means(graph, config), config)
+        return (MeanForms(lambda m: not pool_is_cheaper(m, config)),
+                InterpolatedTables(lambda op, form: cheaper(op, form, config)))
 
     def config(self, target: str) -> VelaConfig:
         return vela_config(target, self.system_config, self.memory_mode)
@@ -221,7 +238,8 @@ class EthosUBackend(TosaConsumer):
         trace = trace or self.trace
         widths = cheaper_widths(subgraph, lambda g: graph_cycles(g, config)) if self.widen_channels else {}
         narrowed = narrowed_tensors(subgraph, widths)
-        subgraph, tosa, result = self._compile_with_own_buffers(widen(subgraph, widths), config, trace)
+        wide = apply_rewrite(ChannelWidening(widths), subgraph).graph
+        subgraph, tosa, result = self._compile_with_own_buffers(wide, config, trace)
         if len(result.inputs) != len(subgraph.inputs) or len(result.outputs) != len(subgraph.outputs):
             raise CompileError(f"Vela's command stream has {len(result.inputs)} inputs and {len(result.outputs)} "
                                f"outputs, the partition {len(subgraph.inputs)} and {len(subgraph.outputs)}")
@@ -289,9 +307,9 @@ class EthosUBackend(TosaConsumer):
         two outputs over the same bytes (a pattern those rules miss), compile again with every
         output copied; if even that fails, a CompileError rather than a program whose NPU outputs
         are missing or overwritten."""
-        attempts = [materialize_aliased_outputs(subgraph)]
+        attempts = [apply_rewrite(OutputCopies(), subgraph).graph]
         if aliased_outputs(subgraph, every=True) != aliased_outputs(subgraph):
-            attempts.append(materialize_aliased_outputs(subgraph, every=True))
+            attempts.append(apply_rewrite(OutputCopies(every=True), subgraph).graph)
         problem = ""
         for graph in attempts:
             tosa = self.tosa.lower(graph, TOSA_PROFILE, trace=trace)

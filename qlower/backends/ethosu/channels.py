@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qlower.ir import Graph, GraphBuilder, Op, Value, copy_ops, rebuild
+from qlower.ir.rewrite import Rewrite, Rewritten
 
 ELEMENTWISE = ("rescale", "add", "clamp")   # ops that map a zero-point channel to a zero-point channel
 MAX_GROWTH = 4                              # a width beyond this many times a run's is refused
@@ -207,6 +208,21 @@ def widen(graph: Graph, widths: dict[str, int]) -> Graph:
         return (b.constant(data, quant, name=op.result.name, origin=op.origin),)
 
     return rebuild(graph, rewrite)
+
+
+class ChannelWidening(Rewrite):
+    """``widen`` as a rewrite: exact (every original channel of every value keeps its codes; a
+    widened tensor's extra channels hold the zero point)."""
+
+    name = "ethosu.widen_channels"
+    steps = 0
+    what = "runs of convolution tensors padded with zero channels where Vela costs them lower"
+
+    def __init__(self, widths: dict[str, int]):
+        self.widths = widths
+
+    def apply(self, graph: Graph) -> Rewritten:
+        return Rewritten(widen(graph, self.widths))
 
 
 def _extended(q, extra: int):

@@ -5,21 +5,24 @@ codes (``rescale`` int8→int16, ``avg_pool2d``, ``rescale`` to the output): on 
 many channels that is many times cheaper than a sum over H and W, which Vela runs as a
 transpose and a reduction (MobileNetV2: 1.9 M cycles less). On small maps and on ethos-u55 the
 sum is cheaper (DS-CNN on U85: 46 k against 54 k cycles). Both forms are within a step of
-fake-quant; they differ in where they round, so this is a rewrite of the program's meaning
-(``Backend.rewrite``): the reference interpreter then computes the chosen form, and the NPU
-stays bit-exact with it. The choice compiles both forms of each mean, alone, with Vela for the
+fake-quant; they differ in where they round, so this is a rewrite of the program's form
+(``MeanForms``, declared within one step of the pool per rewritten mean, and applied only
+where ``within_a_step`` proves that): the NPU stays bit-exact with the chosen form, which
+may be a step from the canonical program (the ``reference`` target's). The choice compiles both forms of each mean, alone, with Vela for the
 target's configuration (cached per shape and configuration).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import numpy as np
 
 from qlower.backends.ethosu.vela import VelaConfig
 from qlower.backends.global_means import GlobalMean, global_means
 from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, Value, rebuild
+from qlower.ir.rewrite import Rewrite, Rewritten
 
 
 def sum_form(b: GraphBuilder, x: Value, count: int) -> Value:
@@ -60,22 +63,47 @@ def pool_is_cheaper(mean: GlobalMean, config: VelaConfig) -> bool:
 
 def cheapest_means(graph: Graph, config: VelaConfig) -> Graph:
     """``graph`` with each global average in the form Vela runs fastest for ``config``."""
-    swap: dict[Op, GlobalMean] = {}
-    for m in global_means(graph):
-        if not pool_is_cheaper(m, config):
-            swap[m.widen] = m
-    if not swap:
-        return graph
-    pools = {m.pool for m in swap.values()}
-    summed: dict[Op, Value] = {}   # pool -> the sum that replaces it
+    return MeanForms(lambda m: not pool_is_cheaper(m, config)).apply(graph).graph
 
-    def rewrite(b: GraphBuilder, op: Op, operands) -> tuple[Value, ...] | None:
-        if op in swap:   # the sum stands in for the widened codes, read by the pool only
-            n, h, w, c = op.result.shape
-            summed[swap[op].pool] = sum_form(b, operands[0], h * w)
-            return (summed[swap[op].pool],)
-        if op in pools:  # the pool's reader (a rescale) takes the sum's scale as its input's
-            return (summed[op],)
-        return None
 
-    return rebuild(graph, rewrite)
+def within_a_step(mean: GlobalMean) -> bool:
+    """Whether the sum form is proven within one step of the pool form. Against the exact mean
+    (in output steps) the sum rounds once (half a step); the pool rounds the average of the
+    widened codes (half a widened step, ``s_wide / s_out`` output steps) and then to the output
+    (half a step). Two integers less than 2 apart differ by at most 1, so it holds when
+    ``s_wide <= s_out`` (the frontend's widened codes are 128 times finer than the input's)."""
+    return mean.widen.attrs["out"].scale[0] <= mean.final.attrs["out"].scale[0]
+
+
+class MeanForms(Rewrite):
+    """The rewrite of global averages (the frontend's pool form) into the sum form where ``choose``
+    says so (Vela costs it lower) and ``within_a_step`` proves the declaration."""
+
+    name = "ethosu.mean_form"
+    steps = 1
+    what = ("a mean over H and W as an exact int32 sum and one rounding instead of an average pool of "
+            "widened codes, where Vela costs the sum lower")
+
+    def __init__(self, choose: Callable[[GlobalMean], bool]):
+        self.choose = choose
+
+    def apply(self, graph: Graph) -> Rewritten:
+        swap: dict[Op, GlobalMean] = {}
+        for m in global_means(graph):
+            if within_a_step(m) and self.choose(m):
+                swap[m.widen] = m
+        if not swap:
+            return Rewritten(graph)
+        pools = {m.pool for m in swap.values()}
+        summed: dict[Op, Value] = {}   # pool -> the sum that replaces it
+
+        def rewrite(b: GraphBuilder, op: Op, operands) -> tuple[Value, ...] | None:
+            if op in swap:   # the sum stands in for the widened codes, read by the pool only
+                n, h, w, c = op.result.shape
+                summed[swap[op].pool] = sum_form(b, operands[0], h * w)
+                return (summed[swap[op].pool],)
+            if op in pools:  # the pool's reader (a rescale) takes the sum's scale as its input's
+                return (summed[op],)
+            return None
+
+        return Rewritten(rebuild(graph, rewrite), tuple(m.final.result.name for m in swap.values()))

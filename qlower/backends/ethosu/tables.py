@@ -6,9 +6,9 @@ GATHER, which Vela runs slowly (MobileNetV3-small A16W8 on U85: most of its cycl
 TABLE holds a knot every 128 codes and interpolates linearly between them (``table_interp``, an
 int32 in 1/128 steps), and a RESCALE rounds it to the output codes.
 
-That is another function, so it is a rewrite of the program's meaning (``Backend.rewrite``, as
-means.py): the reference interpreter computes the interpolated form and the NPU stays bit-exact
-with it. It is taken only when it is proven within one step of the exact table for *every* int16
+That is another function, so it is a rewrite of the program's form (``InterpolatedTables``,
+declared within one step per rewritten table, as means.py): the NPU stays bit-exact with the
+interpolated form, which may be a step from the canonical program. It is taken only when it is proven within one step of the exact table for *every* int16
 code (all 65,536 are computed: the function has no other inputs), so the reference stays within
 a step of fake-quant; and only where Vela costs it lower than the GATHER for the target.
 """
@@ -16,6 +16,7 @@ a step of fake-quant; and only where Vela costs it lower than the GATHER for the
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,7 @@ import numpy as np
 from qlower.backends.ethosu.vela import VelaConfig
 from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, Value, rebuild
 from qlower.ir.ops_arith import INTERP_ENTRIES
+from qlower.ir.rewrite import Rewrite, Rewritten
 from qlower.reference import run_graph
 
 CODES = np.arange(-32768, 32768, dtype=np.int64)
@@ -114,25 +116,49 @@ def _alone(op: Op, form: Interpolation | None) -> Graph:
 
 def interpolated_tables(graph: Graph, config: VelaConfig) -> Graph:
     """``graph`` with each int16 table that has a proven interpolated form Vela costs lower in it."""
+    return InterpolatedTables(lambda op, form: cheaper(op, form, config)).apply(graph).graph
+
+
+def cheaper(op: Op, form: Interpolation, config: VelaConfig) -> bool:
+    """Whether Vela costs ``op`` lower in its interpolated ``form`` than as the GATHER."""
     from qlower.backends.ethosu.backend import graph_cycles
 
-    chosen: dict[Op, Interpolation] = {}
-    for op in candidates(graph):
-        table = np.ascontiguousarray(op.attrs["table"], np.int16)
-        if not np.array_equal(table, op.attrs["table"]):
-            continue   # entries beyond int16 (the cache key is the table as int16 bytes)
-        form = _proven(op.operands[0].type.quant, table.tobytes(), int(op.attrs["offset"]), op.attrs["out"])
-        if form is None:
-            continue
-        gathered, interpolated = graph_cycles(_alone(op, None), config), graph_cycles(_alone(op, form), config)
-        if interpolated is not None and (gathered is None or interpolated < gathered):
-            chosen[op] = form
-    if not chosen:
-        return graph
+    gathered, interpolated = graph_cycles(_alone(op, None), config), graph_cycles(_alone(op, form), config)
+    return interpolated is not None and (gathered is None or interpolated < gathered)
 
-    def rewrite(b: GraphBuilder, op: Op, operands) -> tuple[Value, ...] | None:
-        if op not in chosen:
-            return None
-        return (_interpolated(b, operands[0], chosen[op], op.attrs["out"], like=op.result),)
 
-    return rebuild(graph, rewrite)
+def proven_form(op: Op) -> Interpolation | None:
+    """The interpolated form of an int16 table proven within MAX_STEPS of it on every code, or None."""
+    table = np.ascontiguousarray(op.attrs["table"], np.int16)
+    if not np.array_equal(table, op.attrs["table"]):
+        return None   # entries beyond int16 (the cache key is the table as int16 bytes)
+    return _proven(op.operands[0].type.quant, table.tobytes(), int(op.attrs["offset"]), op.attrs["out"])
+
+
+class InterpolatedTables(Rewrite):
+    """The rewrite of int16 tables into TOSA's interpolated TABLE where one is proven within a step
+    on every code and ``choose(op, form)`` says so (Vela costs it lower)."""
+
+    name = "ethosu.interpolated_table"
+    steps = MAX_STEPS
+    what = ("an int16 lookup as TOSA's interpolated 513-entry TABLE (proven within a step on all 65,536 "
+            "codes) where Vela costs it lower than a GATHER")
+
+    def __init__(self, choose: Callable[[Op, Interpolation], bool]):
+        self.choose = choose
+
+    def apply(self, graph: Graph) -> Rewritten:
+        chosen: dict[Op, Interpolation] = {}
+        for op in candidates(graph):
+            form = proven_form(op)
+            if form is not None and self.choose(op, form):
+                chosen[op] = form
+        if not chosen:
+            return Rewritten(graph)
+
+        def rewrite(b: GraphBuilder, op: Op, operands) -> tuple[Value, ...] | None:
+            if op not in chosen:
+                return None
+            return (_interpolated(b, operands[0], chosen[op], op.attrs["out"], like=op.result),)
+
+        return Rewritten(rebuild(graph, rewrite), tuple(op.result.name for op in chosen))

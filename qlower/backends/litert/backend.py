@@ -2,10 +2,11 @@
 
 ``kernels`` picks LiteRT's kernel family: ``"reference"`` (BUILTIN_REF, the default),
 ``"builtin"`` (the optimized builtin kernels, BUILTIN_WITHOUT_DEFAULT_DELEGATES) or
-``"xnnpack"`` (the default delegates). Before partitioning, ``rewrite`` gives every
-rescale that fuses into a TFLite GEMM the rounding those kernels use (rounding.py),
-so the program means what LiteRT computes: reference and builtin are bit-exact with
-the reference interpreter. XNNPACK requantizes some convolutions in float32, so
+``"xnnpack"`` (the default delegates). Before partitioning, its ``rewrites`` give residual
+adds TFLite ADD's rounding (fused_add.py) and every rescale that fuses into a TFLite GEMM
+the rounding those kernels use (rounding.py), each within a step per rescale of the graph
+it receives, so the program's form is what LiteRT computes: reference and builtin are
+bit-exact with it, and within those bounds of the canonical program. XNNPACK requantizes some convolutions in float32, so
 its payloads are approximate anyway and take XNNPACK's own forms of quantize,
 dequantize, global means and padding (``export.py``, ``native``), which the delegate runs
 as one subgraph; they say so (``meta["exactness"]``, ``meta["forms"]``) and
@@ -26,12 +27,13 @@ import numpy as np
 
 from qlower.backends.litert import rounding
 from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, unsupported_reason
-from qlower.backends.litert.fused_add import add_groups, to_tflite_add
+from qlower.backends.litert.fused_add import TfliteAdd, add_groups
 from qlower.backends.litert.verify import builtin_counts, loaded_payload_problem, model_description, verify_tflite
 from qlower.backends.threads import available_cores, check_threads
 from qlower.contract import Backend, Execution, Payload, Verdict, check_payload_inputs
 from qlower.errors import ConfigError, ExecutionError, InputError
 from qlower.ir import Graph, Op
+from qlower.ir.rewrite import Rewrite
 
 MODEL_BLOB = "model.tflite"
 KERNELS = ("reference", "builtin", "xnnpack")
@@ -57,9 +59,9 @@ class LiteRtBackend(Backend):
         self.threads = check_threads(threads, "litert option threads")
         self._fused: set[int] = set()
 
-    def rewrite(self, graph: Graph, target: str) -> Graph:
+    def rewrites(self, target: str) -> tuple[Rewrite, ...]:
         """Residual adds in TFLite ADD's form, fused requantization with the kernels' rounding."""
-        return rounding.with_kernel_rounding(to_tflite_add(graph), self.kernels)
+        return (TfliteAdd(), rounding.KernelRounding(self.kernels))
 
     def prepare(self, graph: Graph) -> None:
         """Note the ops that fuse into one TFLite kernel: only as a whole do they have a TFLite form."""

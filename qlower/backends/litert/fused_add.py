@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from qlower.ir import DType, Graph, Op, QuantSpec, rebuild, requant
+from qlower.ir.rewrite import Rewrite, Rewritten
 
 LEFT_SHIFT = 20
 
@@ -52,6 +53,43 @@ def _domain_scale(s1: float, s2: float) -> float:
 
 def to_tflite_add(graph: Graph) -> Graph:
     """``graph`` with every imported int8 add (or sub) in TFLite ADD's rounding form (module doc)."""
+    return TfliteAdd().apply(graph).graph
+
+
+class TfliteAdd(Rewrite):
+    """The rewrite to TFLite ADD's rounding form. Each operand rescale (to the int32 sum domain)
+    and the output rescale only round another way: within 1 step per rescale."""
+
+    name = "litert.tflite_add"
+    steps = 1
+    what = ("each int8 residual add's operand rescales shift left 20 bits then round twice, and its output "
+            "rescale rounds twice, as TFLite's int8 ADD kernel does")
+
+    def apply(self, graph: Graph) -> Rewritten:
+        split, double = _add_rescales(graph)
+        if not double:
+            return Rewritten(graph)
+        changed = []
+
+        def rewrite(b, op, operands):
+            if id(op) in split:
+                changed.append(op.result.name)
+                src = op.operands[0].type.quant
+                shifted = b.op("rescale", *operands, name=f"{op.result.name}_shifted", origin=op.result.origin,
+                               out=QuantSpec.per_tensor(src.scale[0] / 2**LEFT_SHIFT, 0, DType.INT32))
+                return (b.op("rescale", shifted, name=op.result.name, origin=op.result.origin,
+                             out=op.attrs["out"], rounding="double"),)
+            if id(op) in double:
+                changed.append(op.result.name)
+                return (b.op("rescale", *operands, name=op.result.name, origin=op.result.origin,
+                             out=op.attrs["out"], rounding="double"),)
+            return None
+
+        return Rewritten(rebuild(graph, rewrite), tuple(changed))
+
+
+def _add_rescales(graph: Graph) -> tuple[set[int], set[int]]:
+    """(ids of the operand rescales to split, ids of the output rescales to round twice)."""
     users, producers, outputs = graph.users(), graph.producers(), set(graph.outputs)
     split: set[int] = set()     # operand rescales to split into x 2**20 then double rounding
     double: set[int] = set()    # output rescales to round twice
@@ -73,22 +111,7 @@ def to_tflite_add(graph: Graph) -> Graph:
             continue
         split.update(id(r) for r in rescales)
         double.add(id(out))
-    if not double:
-        return graph
-
-    def rewrite(b, op, operands):
-        if id(op) in split:
-            src = op.operands[0].type.quant
-            shifted = b.op("rescale", *operands, name=f"{op.result.name}_shifted", origin=op.result.origin,
-                           out=QuantSpec.per_tensor(src.scale[0] / 2**LEFT_SHIFT, 0, DType.INT32))
-            return (b.op("rescale", shifted, name=op.result.name, origin=op.result.origin, out=op.attrs["out"],
-                         rounding="double"),)
-        if id(op) in double:
-            return (b.op("rescale", *operands, name=op.result.name, origin=op.result.origin, out=op.attrs["out"],
-                         rounding="double"),)
-        return None
-
-    return rebuild(graph, rewrite)
+    return split, double
 
 
 def add_groups(graph: Graph) -> dict[int, AddGroup]:

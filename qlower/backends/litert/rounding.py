@@ -29,6 +29,7 @@ product, so fake-quant agreement is unchanged in kind.
 from __future__ import annotations
 
 from qlower.ir import Graph, rebuild
+from qlower.ir.rewrite import Rewrite, Rewritten
 
 KERNEL_ROUNDING: dict[str, dict[str, str]] = {
     "reference": {"conv2d": "double", "fully_connected": "single", "matmul": "double"},
@@ -44,22 +45,41 @@ GUARANTEED = ("reference", "builtin")
 
 def with_kernel_rounding(graph: Graph, kernels: str) -> Graph:
     """``graph`` with every rescale that fuses into a TFLite GEMM rounding as ``kernels`` does."""
-    from qlower.backends.litert.export import fused_pairs
+    return KernelRounding(kernels).apply(graph).graph
 
-    table = KERNEL_ROUNDING[kernels]
-    pairs = fused_pairs(graph)
-    if all(op.attrs["rounding"] == table[gemm.kind] for op, gemm in pairs.values()):
-        return graph
-    wanted = {key: table[gemm.kind] for key, (_, gemm) in pairs.items()}
 
-    def rewrite(b, op, operands):
-        want = wanted.get(id(op))
-        if want is None or op.attrs["rounding"] == want:
-            return None
-        return (b.op("rescale", *operands, name=op.result.name, origin=op.result.origin,
-                     out=op.attrs["out"], rounding=want),)
+class KernelRounding(Rewrite):
+    """The rewrite giving each rescale that fuses into a TFLite GEMM its kernels' rounding. Any
+    two of TOSA's roundings of one product differ by at most one step: within 1 step per rescale."""
 
-    return rebuild(graph, rewrite)
+    name = "litert.kernel_rounding"
+    steps = 1
+
+    def __init__(self, kernels: str):
+        self.kernels = kernels
+        self.what = (f"the rescale fused into each TFLite GEMM rounds as LiteRT's {kernels} kernels do "
+                     f"(conv {KERNEL_ROUNDING[kernels]['conv2d']}, fully connected "
+                     f"{KERNEL_ROUNDING[kernels]['fully_connected']}, matmul {KERNEL_ROUNDING[kernels]['matmul']})")
+
+    def apply(self, graph: Graph) -> Rewritten:
+        from qlower.backends.litert.export import fused_pairs
+
+        table = KERNEL_ROUNDING[self.kernels]
+        wanted = {key: table[gemm.kind] for key, (op, gemm) in fused_pairs(graph).items()
+                  if op.attrs["rounding"] != table[gemm.kind]}
+        if not wanted:
+            return Rewritten(graph)
+        changed = []
+
+        def rewrite(b, op, operands):
+            want = wanted.get(id(op))
+            if want is None:
+                return None
+            changed.append(op.result.name)
+            return (b.op("rescale", *operands, name=op.result.name, origin=op.result.origin,
+                         out=op.attrs["out"], rounding=want),)
+
+        return Rewritten(rebuild(graph, rewrite), tuple(changed))
 
 
 def exact_kernels(graph: Graph) -> list[str]:
