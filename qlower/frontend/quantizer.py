@@ -86,9 +86,9 @@ SPLIT = {aten.split, aten.split_with_sizes, aten.unbind}
 # a constant table read at integer ids: the table quantized per tensor, the rows read keep its domain
 LOOKUP = {aten.embedding}
 OWN_OUTPUT = {
-    aten.avg_pool2d, aten.adaptive_avg_pool2d, aten.mean, aten.sum, aten.softmax, aten._softmax,
-    aten.sigmoid, aten.tanh, aten.hardswish, aten.hardswish_, aten.hardsigmoid, aten.gelu, aten.silu,
-    aten.exp, aten.elu, aten.leaky_relu, aten.upsample_bilinear2d,
+    aten.avg_pool2d, aten.adaptive_avg_pool2d, aten.adaptive_avg_pool1d, aten.mean, aten.sum, aten.softmax,
+    aten._softmax, aten.sigmoid, aten.tanh, aten.hardswish, aten.hardswish_, aten.hardsigmoid, aten.gelu,
+    aten.silu, aten.exp, aten.elu, aten.leaky_relu, aten.upsample_bilinear2d,
 }
 # unary ops imported as lookup tables (rules/pointwise.py) and log_softmax: own input and output domains
 OWN_OUTPUT |= {

@@ -1,4 +1,4 @@
-"""Pooling and reductions: max_pool2d, avg_pool2d, adaptive_avg_pool2d, mean, sum.
+"""Pooling and reductions: max_pool2d, avg_pool2d, adaptive_avg_pool1d/2d, mean, sum.
 
 Max pooling stays in its input's domain. Average pooling owns its output
 domain. A global average (the window is the whole plane) is a mean, below.
@@ -13,7 +13,8 @@ followed by an unpadded pool; ``ceil_mode``'s partial windows are extra
 bottom/right padding, which the IR's average never counts (as PyTorch).
 ``divisor_override``: the window sum as a depthwise conv of ones at scale
 ``1/divisor`` (exact accumulator, one rounding). adaptive_avg_pool2d: runs of
-equal, equally spaced windows, one pool each, concatenated. Dilated max pooling:
+equal, equally spaced windows, one pool each, repeated where an output larger than its input
+takes a window more than once, concatenated. Dilated max pooling:
 each tap a strided slice, taps side by side, one max pool over them. ``mean`` / ``sum`` over any dims: rescale to int32
 (zero point removed), ``reduce_sum`` per dim, multiply by an int32 constant
 holding ``1/count`` exactly (code 1, scale ``1/count``), rescale to the output; a
@@ -161,20 +162,44 @@ def _window_sum(ctx: ImportContext, input: Ref, k, s, pad, divisor: int) -> Ref:
     return ctx.requant(acc, layout.NHWC)
 
 
-def _adaptive_segments(size: int, out: int) -> list[tuple[int, int, int, int]]:
-    """PyTorch's adaptive windows ``[floor(i·size/out), ceil((i+1)·size/out))`` grouped into runs of
-    equal length and equal spacing: (first start, length, spacing, count) per run."""
-    starts = [(i * size) // out for i in range(out)]
-    lengths = [-((-(i + 1) * size) // out) - st for i, st in enumerate(starts)]
-    runs: list[list[int]] = []
+def _adaptive_segments(size: int, out: int) -> list[tuple[int, int, int, int, int]]:
+    """PyTorch's adaptive windows ``[floor(i·size/out), ceil((i+1)·size/out))`` grouped into runs:
+    (first start, length, spacing, count, repeat) per run, ``count`` distinct windows of one length
+    and spacing, each taken ``repeat`` times in a row. An output larger than its input takes the
+    same window several times, and a pool's stride can't be 0: pool it once, then repeat it."""
+    distinct: list[list[int]] = []  # [start, end, times]; windows are monotonic, so repeats are adjacent
     for i in range(out):
+        window = [(i * size) // out, -((-(i + 1) * size) // out)]
+        if distinct and distinct[-1][:2] == window:
+            distinct[-1][2] += 1
+        else:
+            distinct.append([*window, 1])
+    runs: list[list[int]] = []
+    for start, end, times in distinct:
         if runs:
-            first, length, step, count = runs[-1]
-            if lengths[i] == length and (count == 1 or starts[i] - starts[i - 1] == step):
-                runs[-1] = [first, length, starts[i] - first if count == 1 else step, count + 1]
+            first, length, step, count, repeat = runs[-1]
+            spacing = start - first - (count - 1) * step
+            if end - start == length and times == repeat and (count == 1 or spacing == step):
+                runs[-1] = [first, length, spacing if count == 1 else step, count + 1, repeat]
                 continue
-        runs.append([starts[i], lengths[i], 0, 1])
-    return [(first, length, step or length, count) for first, length, step, count in runs]
+        runs.append([start, end - start, 0, 1, times])
+    return [(first, length, step or length, count, repeat) for first, length, step, count, repeat in runs]
+
+
+def _repeat_each(ctx: ImportContext, v, axis: int, times: int):
+    """Each element of the NHWC ``v`` along ``axis`` taken ``times`` times in a row (as
+    ``torch.repeat_interleave``): concatenated copies, through ``[outer, size, 1, inner]`` when
+    the axis holds more than one element."""
+    if times == 1:
+        return v
+    shape = v.shape
+    if shape[axis] == 1:
+        return ctx.emit("concat", (v,) * times, perm=layout.NHWC, axis=axis)
+    outer, inner = int(np.prod(shape[:axis])), int(np.prod(shape[axis + 1:]))
+    v = ctx.emit("reshape", v, perm=layout.NHWC, shape=(outer, shape[axis], 1, inner))
+    v = ctx.emit("concat", (v,) * times, perm=layout.NHWC, axis=2)
+    return ctx.emit("reshape", v, perm=layout.NHWC,
+                    shape=tuple(n * times if d == axis else n for d, n in enumerate(shape)))
 
 
 MAX_ADAPTIVE_PIECES = 64
@@ -182,30 +207,54 @@ MAX_ADAPTIVE_PIECES = 64
 
 @register(aten.adaptive_avg_pool2d)
 def adaptive_avg_pool2d(ctx: ImportContext, node, input: Ref, output_size, **_):
-    """Runs of equal, equally spaced windows are one avg pool each (uniform sizes: a single pool);
-    pieces are averaged in the widened domain, concatenated, and rescaled once."""
     h, w = input.torch_shape[-2:]
     oh, ow = (int(d) for d in node.meta["val"].shape[-2:])
+    if input.rank != 4 or len(_adaptive_segments(h, oh)) * len(_adaptive_segments(w, ow)) > MAX_ADAPTIVE_PIECES:
+        return on_host(ctx, node, aten._adaptive_avg_pool2d.default, (node.args[0], [oh, ow]),
+                       f"adaptive_avg_pool2d from {h}x{w} to {oh}x{ow} needs over {MAX_ADAPTIVE_PIECES} pools")
+    return _adaptive_average(ctx, input, oh, ow)
+
+
+@register(aten.adaptive_avg_pool1d)
+def adaptive_avg_pool1d(ctx: ImportContext, node, input: Ref, output_size, **_):
+    """The 2-D pool over ``[N, 1, L, C]`` (as conv1d), back to ``[N, L, C]``."""
+    length, out = input.torch_shape[-1], int(node.meta["val"].shape[-1])
+    if input.rank != 3 or len(_adaptive_segments(length, out)) > MAX_ADAPTIVE_PIECES:
+        return on_host(ctx, node, aten.adaptive_avg_pool1d.default, (node.args[0], [out]),
+                       f"adaptive_avg_pool1d from {length} to {out} needs over {MAX_ADAPTIVE_PIECES} pools")
+    x = _float_ref(ctx, input)
+    if x.is_quantized and x.spec.is_per_channel:
+        x = Ref.of(ctx.as_float(x), x.perm)
+    v = ctx.value_in(x, (0, 2, 1)) if x.is_quantized else ctx.as_float(x, (0, 2, 1))
+    n, _, c = v.shape
+    v4 = ctx.emit("reshape", v, perm=layout.NHWC, shape=(n, 1, length, c))
+    result = _adaptive_average(ctx, Ref.of(v4, layout.NHWC), 1, out)
+    return Ref.of(ctx.emit("reshape", result.value, perm=(0, 2, 1), shape=(n, out, c)), (0, 2, 1))
+
+
+def _adaptive_average(ctx: ImportContext, input: Ref, oh: int, ow: int) -> Ref:
+    """Runs of equal, equally spaced windows are one avg pool each (uniform sizes: a single pool);
+    pieces are averaged in the widened domain, repeated where windows repeat, concatenated, and
+    rescaled once."""
+    h, w = input.torch_shape[-2:]
     if h % oh == 0 and w % ow == 0:
         k = (h // oh, w // ow)
         return average(ctx, input, k, k, (0, 0, 0, 0), False)
     rows, cols = _adaptive_segments(h, oh), _adaptive_segments(w, ow)
-    if len(rows) * len(cols) > MAX_ADAPTIVE_PIECES or input.rank != 4:
-        return on_host(ctx, node, aten._adaptive_avg_pool2d.default, (node.args[0], [oh, ow]),
-                       f"adaptive_avg_pool2d from {h}x{w} to {oh}x{ow} needs over {MAX_ADAPTIVE_PIECES} pools")
     v = _widened(ctx, input)
     n, _, _, c = v.shape
     bands = []
-    for r0, rk, rs, rn in rows:
+    for r0, rk, rs, rn, rr in rows:
         pieces = []
-        for c0, ck, cs, cn in cols:
+        for c0, ck, cs, cn, cr in cols:
             stop = (n, r0 + (rn - 1) * rs + rk, c0 + (cn - 1) * cs + ck, c)
             piece = v
             if (r0, c0) != (0, 0) or stop != v.shape:
                 piece = ctx.emit("slice", v, perm=layout.NHWC, start=(0, r0, c0, 0), stop=stop, step=(1, 1, 1, 1))
-            pieces.append(ctx.emit("avg_pool2d", piece, perm=layout.NHWC, kernel=(rk, ck), stride=(rs, cs)))
-        bands.append(pieces[0] if len(pieces) == 1 else
-                     ctx.emit("concat", tuple(pieces), perm=layout.NHWC, axis=2))
+            piece = ctx.emit("avg_pool2d", piece, perm=layout.NHWC, kernel=(rk, ck), stride=(rs, cs))
+            pieces.append(_repeat_each(ctx, piece, 2, cr))
+        band = pieces[0] if len(pieces) == 1 else ctx.emit("concat", tuple(pieces), perm=layout.NHWC, axis=2)
+        bands.append(_repeat_each(ctx, band, 1, rr))
     out = bands[0] if len(bands) == 1 else ctx.emit("concat", tuple(bands), perm=layout.NHWC, axis=1)
     return ctx.requant(out, layout.NHWC)
 
