@@ -14,7 +14,7 @@ PACKAGE = Path(qlower.__file__).parent
 
 # the pipeline, first stage first: a module may import its own layer and earlier ones only
 LAYERS: list[set[str]] = [
-    {"errors", "_quiet", "progress"},          # leaves
+    {"errors", "_quiet", "progress", "registry"},  # leaves
     {"ir"},                                    # the typed graph and requantization
     {"contract", "reference"},                 # the backend contract; the meaning of every op
     {"frontend", "passes"},                    # PyTorch → IR; IR → IR

@@ -20,6 +20,7 @@ from typing import Any
 
 from qlower.errors import IRError
 from qlower.ir.graph import TensorType
+from qlower.registry import Registry
 
 OperandTypes = Sequence[TensorType | None | tuple[TensorType, ...]]
 InferFn = Callable[[OperandTypes, dict[str, Any]], tuple[TensorType, ...]]
@@ -42,12 +43,12 @@ class OpDef:
 
 
 REQUIRED = object()
-OPS: dict[str, OpDef] = {}
+OPS: Registry[str, OpDef] = Registry("IR op definitions")
 
 
 def register(kind: str, operands: tuple[str, ...], results: int = 1, **attrs: Any):
     def wrap(fn: InferFn) -> InferFn:
-        OPS[kind] = OpDef(kind, operands, attrs, fn, (fn.__doc__ or "").strip(), results)
+        OPS.add(kind, OpDef(kind, operands, attrs, fn, (fn.__doc__ or "").strip(), results))
         return fn
     return wrap
 

@@ -16,16 +16,14 @@ from qlower.errors import IRError, VerificationError
 from qlower.ir.dtypes import DType
 from qlower.ir.graph import Graph, TensorType, Value
 from qlower.ir.opdefs import OPS, infer_types, normalize_attrs
+from qlower.registry import Registry
 
 Rule = Callable[[Graph], Iterator[str]]
-RULES: dict[str, Rule] = {}
+RULES: Registry[str, Rule] = Registry("IR verifier rules")
 
 
 def rule(name: str):
-    def wrap(fn: Rule) -> Rule:
-        RULES[name] = fn
-        return fn
-    return wrap
+    return RULES.register(name)
 
 
 def _where(v: Value) -> str:

@@ -11,12 +11,11 @@ from collections.abc import Callable
 
 import numpy as np
 
+from qlower.registry import Registry
+
 Kernel = Callable[..., np.ndarray | tuple[np.ndarray, ...]]
-KERNELS: dict[str, Kernel] = {}
+KERNELS: Registry[str, Kernel] = Registry("reference kernels")
 
 
 def kernel(kind: str):
-    def wrap(fn: Kernel) -> Kernel:
-        KERNELS[kind] = fn
-        return fn
-    return wrap
+    return KERNELS.register(kind)

@@ -18,21 +18,18 @@ from qlower.backends.cpu.native import NativeKernels
 from qlower.errors import UnsupportedOpError
 from qlower.ir import Graph, Op, Value
 from qlower.reference import KERNELS as REFERENCE_KERNELS
+from qlower.registry import Registry
 
 Kernel = Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
 Builder = Callable[[Op, "BuildContext"], Kernel]
 
-BUILDERS: dict[str, Builder] = {}
+BUILDERS: Registry[str, Builder] = Registry("cpu kernel builders")
 
 GEMM_ENGINES = ("int8", "float32", "float64")
 
 
 def builder(*kinds: str) -> Callable[[Builder], Builder]:
-    def wrap(fn: Builder) -> Builder:
-        for kind in kinds:
-            BUILDERS[kind] = fn
-        return fn
-    return wrap
+    return BUILDERS.register(*kinds)
 
 
 @dataclass

@@ -33,19 +33,16 @@ from qlower.backends.tosa.serializer import (
 from qlower.backends.tosa.support import Profile, check
 from qlower.errors import CompileError, UnsupportedOpError
 from qlower.ir import DType, Graph, Op, Value, requant
+from qlower.registry import Registry
 
 Op_ = ts.Op
 LoweringFn = Callable[["Lowerer", Op], Tensor]
-LOWERINGS: dict[str, LoweringFn] = {}
+LOWERINGS: Registry[str, LoweringFn] = Registry("TOSA lowerings")
 MAX_CONCAT_INPUTS = 64  # TOSA 1.0 level 8K: MAX_TENSOR_LIST_SIZE
 
 
 def lowering(*kinds: str):
-    def wrap(fn: LoweringFn) -> LoweringFn:
-        for k in kinds:
-            LOWERINGS[k] = fn
-        return fn
-    return wrap
+    return LOWERINGS.register(*kinds)
 
 
 def describe(op: Op) -> str:

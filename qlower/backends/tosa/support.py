@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from qlower.errors import CompileError
 from qlower.ir import DType, Op, TensorType, requant
 from qlower.reference.aten_fallback import fallback_reason
+from qlower.registry import Registry
 
 MAX_RANK = 6          # TOSA 1.0 level 8K
 MAX_KERNEL = 8192     # level 8K: kernel extent, stride and padding
@@ -73,15 +74,11 @@ def fit_window(size: int, kernel: int, stride: int, dilation: int, pad_before: i
 # -- per-op checks ----------------------------------------------------------------------
 
 Check = Callable[[Op, Profile], str | None]
-CHECKS: dict[str, Check] = {}
+CHECKS: Registry[str, Check] = Registry("TOSA support checks")
 
 
 def _check(*kinds: str):
-    def wrap(fn: Check) -> Check:
-        for k in kinds:
-            CHECKS[k] = fn
-        return fn
-    return wrap
+    return CHECKS.register(*kinds)
 
 
 def _types(op: Op) -> list[TensorType]:

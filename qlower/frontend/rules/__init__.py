@@ -12,21 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from qlower.registry import Registry
+
 Rule = Callable[..., object]
-RULES: dict[object, Rule] = {}
+RULES: Registry[object, Rule] = Registry("import rules")
 # Non-core ops whose rule only handles statically quantized tensors (as a lookup table): elsewhere
 # (float or dynamic import) they are decomposed into core ops before quantization, like ops without a rule.
 STATIC_ONLY: set[object] = set()
 
 
 def register(*targets: object) -> Callable[[Rule], Rule]:
-    def wrap(fn: Rule) -> Rule:
-        for t in targets:
-            if t in RULES:
-                raise RuntimeError(f"two import rules for {t}")
-            RULES[t] = fn
-        return fn
-    return wrap
+    return RULES.register(*targets)
 
 
 def rule_for(target: object) -> Rule | None:
