@@ -2,7 +2,9 @@
 
 ``check_against_reference(graph, inputs, target)`` runs the graph the way a program on that
 target runs it (``qlower.api.lower_graph(graph, target).run``) and compares every
-output with ``qlower.reference.run_graph``:
+output with ``qlower.reference.run_graph`` on the program's form of the graph (its backend's
+declared rewrites of it), and that form with the original graph, op by op, within the
+rewrites' declared bounds:
 
 - ``cpu``: the whole graph in the CPU backend's plan;
 - ``tosa-1.0+int``, ``tosa-1.0+int+fp``, ``ethos-u*``: partitioned, host ops in the host
@@ -101,9 +103,10 @@ def available_targets() -> list[str]:
 
 
 def program_meaning(graph: Graph, target: str) -> Graph:
-    """What a program compiled for ``target`` from ``graph`` means: its backend's ``rewrite`` of the
+    """The form a program compiled for ``target`` from ``graph`` has: its backend's rewrites of the
     graph (LiteRT gives fused rescales its reference kernels' rounding). The target must reproduce
-    the reference interpreter on this graph."""
+    the reference interpreter on this form exactly; the form must be within its rewrites' declared
+    bounds of ``graph`` (``check_against_reference``)."""
     backend = _backend(target)
     return graph if backend is None else backend.rewrite(graph, target)
 
@@ -115,15 +118,18 @@ def _backend(target: str):
     return backend_for(target) if target != "reference" else None
 
 
+def _options(target: str) -> dict | None:
+    # VGF runs on Vulkan (never simulated here): a machine that can't is a failure, not a pass
+    return {"execution": "vulkan"} if target.startswith("vgf") else None
+
+
 def run_target(graph: Graph, inputs: Sequence[np.ndarray], target: str) -> list[np.ndarray]:
     """Run ``graph`` as a program compiled for ``target`` runs it."""
     if target == "reference":
         return run_graph(graph, inputs)
     from qlower.api import lower_graph
 
-    # VGF runs on Vulkan (never simulated here): a machine that can't is a failure, not a pass
-    options = {"execution": "vulkan"} if target.startswith("vgf") else None
-    return lower_graph(graph, target, backend_options=options).run(*inputs)
+    return lower_graph(graph, target, backend_options=_options(target)).run(*inputs)
 
 
 def output_tolerances(graph: Graph) -> list[Tolerance]:
@@ -169,24 +175,41 @@ def _difference(want: np.ndarray, got: np.ndarray, tol: Tolerance) -> str | None
 
 
 def check_against_reference(graph: Graph, inputs: Sequence[np.ndarray], target: str) -> None:
-    """Raise DifferentialMismatch unless ``target`` reproduces the reference's outputs.
+    """Raise DifferentialMismatch unless ``target`` reproduces the reference's outputs on its own
+    form of ``graph`` (its backend's rewrites of it; within the tolerances above) and that form is
+    within its rewrites' declared bounds of ``graph`` itself, op by op with each op's inputs forced
+    to ``graph``'s codes (``qlower.reference.forms``; every value no rewrite names: exact).
 
     Any error of the backend (CompileError, ExecutionError, or a crash) on a graph the
     reference runs is a mismatch too: it is raised as a DifferentialMismatch naming the target.
     """
-    want = run_graph(program_meaning(graph, target), inputs)
+    if target == "reference":
+        return
+    from qlower.api import lower_graph
+
     try:
-        got = run_target(graph, inputs, target)
+        program = lower_graph(graph, target, backend_options=_options(target))
+        got = program.run(*inputs)
     except Exception as e:  # noqa: BLE001 - whatever the backend raises is the finding
         raise DifferentialMismatch(f"{target} failed on a graph the reference runs: "
                                    f"{type(e).__name__}: {e}") from e
+    form = program.source
+    want = run_graph(form, inputs)
     if len(got) != len(want):
         raise DifferentialMismatch(f"{target} returned {len(got)} outputs, the reference {len(want)}")
     problems = []
-    for i, (w, g, tol) in enumerate(zip(want, got, output_tolerances(graph))):
+    for i, (w, g, tol) in enumerate(zip(want, got, output_tolerances(form))):
         diff = _difference(w, np.asarray(g), tol)
         if diff is not None:
-            problems.append(f"output {i} (%{graph.outputs[i].name}): {diff}")
+            problems.append(f"output {i} (%{form.outputs[i].name}): {diff}")
+    if form is not graph:
+        from qlower.reference.forms import declared_bounds, form_steps
+
+        for r in form_steps(graph, form, inputs, declared_bounds(program.rewrites)):
+            if not r.within:
+                declared = f"declared {r.bound} by {', '.join(r.rewrites)}" if r.rewrites else "declared exact"
+                problems.append(f"%{r.name}: {target}'s form is {r.steps:g} steps from the original graph with "
+                                f"its inputs forced to the original codes ({declared})")
     if problems:
         raise DifferentialMismatch(f"{target} differs from the reference interpreter:\n  " + "\n  ".join(problems))
 

@@ -12,6 +12,7 @@ import html
 import io
 from pathlib import Path
 
+from qlower.ir.rewrite import bound_text
 from qlower.verification.report import VerificationReport
 
 _HOST_COLOR = "#b0b0b0"
@@ -132,7 +133,7 @@ def render_html(report: VerificationReport) -> str:
         f"<td>{_fmt(r.ref_vs_fake_quant and r.ref_vs_fake_quant.max_steps)}</td>"
         f"<td>{_fmt(r.ref_vs_fake_quant and 100 * r.ref_vs_fake_quant.exact_share, '{:.1f}')}</td>"
         f"<td>{_fmt(r.ref_vs_fake_quant and r.ref_vs_fake_quant.sqnr_db, '{:.1f}')}</td>"
-        f"<td>{_fmt(r.target_vs_ref and r.target_vs_ref.max_steps)}</td></tr>"
+        f"<td>{_fmt(r.target_vs_ref and r.target_vs_ref.max_steps)}</td>{_form_cells(report, r)}</tr>"
         for r in report.layers)
     part_rows = "".join(
         f"<tr><td>{html.escape(p['name'])}</td><td>{html.escape(p['backend'])} ({html.escape(p['target'])})</td>"
@@ -166,9 +167,46 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} tr.inside td:first-child 
 <h2>Layers</h2>
 <table id="layers"><tr><th>layer</th><th>source</th><th>type</th><th>isolated steps</th>
 <th>end-to-end steps</th><th>exact %</th>
-<th>SQNR dB</th><th>{html.escape(report.target)}↔ref steps</th></tr>{layer_rows}</table>
+<th>SQNR dB</th><th>{html.escape(report.target)}↔ref steps</th>{_form_head(report)}</tr>{layer_rows}</table>
+{_form_section(report)}
 </body></html>
 """
+
+
+def _form_head(report: VerificationReport) -> str:
+    if not report.rewritten:
+        return ""
+    return "<th>form↔canonical alone (bound)</th><th>form↔canonical end to end</th><th>rewrite</th>"
+
+
+def _form_cells(report: VerificationReport, r) -> str:
+    if not report.rewritten:
+        return ""
+    bound = f" (≤{r.form_bound})" if r.form_bound else ""
+    return (f"<td>{_fmt(r.form_alone_steps)}{bound}</td>"
+            f"<td>{_fmt(r.form_vs_canonical and r.form_vs_canonical.max_steps)}</td><td>{html.escape(r.rewrite)}</td>")
+
+
+def _form_section(report: VerificationReport) -> str:
+    """Which reference the target was compared with, the rewrites between it and the canonical
+    program, and each output's end-to-end distance from the canonical program."""
+    if not report.rewritten:
+        return ("<p id='reference'>The target's program is the canonical program (no backend rewrite): "
+                "↔ref compares it with the reference target's numbers.</p>")
+    rewrites = "".join(f"<tr><td>{html.escape(rw['name'])}</td><td>{html.escape(bound_text(rw['steps']))}</td>"
+                       f"<td>{len(rw['values'])}</td><td>{html.escape(rw['what'])}</td></tr>" for rw in report.rewrites)
+    outputs = "".join(
+        f"<tr><td>output {o.index}</td><td>{_fmt(o.form_vs_canonical and o.form_vs_canonical.max_steps)}</td>"
+        f"<td>{html.escape(o.rewrite)}</td></tr>" for o in report.outputs)
+    return f"""<h2>Which reference</h2>
+<p id='reference'>{html.escape(report.target)}↔ref compares the target with the reference interpreter on the
+target's own form of the program (must be 0 steps). A backend rewrote the canonical program (the
+<code>reference</code> target's) into that form; form↔canonical compares the two: each op alone, its
+inputs forced to the canonical codes (within the bound each rewrite declares, else exact), and end to
+end (may drift further along the network).</p>
+<table id="rewrites"><tr><th>rewrite</th><th>declared</th><th>ops</th><th>what</th></tr>{rewrites}</table>
+<table id="form-outputs"><tr><th>output</th><th>form↔canonical steps, end to end</th><th>rewrite</th></tr>
+{outputs}</table>"""
 
 
 def write_html(report: VerificationReport, path: str | Path) -> Path:

@@ -50,9 +50,13 @@ class Run:
 
 
 def _plain_conv(op: Op, producers: dict[Value, Op], users: dict[Value, list[Op]]) -> bool:
-    """A conv2d without groups whose weight (and bias) are constants of its own: its channels can
-    be widened by padding them."""
+    """A conv2d without groups whose weight (and bias) are constants of its own, its weights
+    symmetric: its channels can be widened by padding them (a zero weight code is 0.0 only at
+    weight zero point 0; else a padded channel would write, or read, something)."""
     if op.kind != "conv2d" or op.attrs["groups"] != 1:
+        return False
+    w = op.operands[1].type.quant
+    if w is None or any(z != 0 for z in w.zero_point):
         return False
     consts = [v for v in op.operands[1:] if v is not None]
     return all(producers.get(v) is not None and producers[v].kind == "constant" and users.get(v) == [op]
@@ -129,8 +133,8 @@ def _keeps_zero(op: Op) -> bool:
         return False
     if op.kind == "rescale" and op.attrs["out"].is_per_channel:
         return False
-    if op.kind == "clamp":
-        return True
+    if op.kind == "clamp":   # a clamp whose range leaves out the zero point moves 0.0
+        return op.attrs["min"] <= op.operands[0].type.quant.zero_point[0] <= op.attrs["max"]
     return all(v.type.shape == op.result.type.shape for v in op.operands)
 
 
