@@ -14,6 +14,7 @@ __version__ = "0.1.0"
 # public name -> module that defines it
 _PUBLIC = {
     "compile": "qlower.api", "verify": "qlower.api", "evaluate": "qlower.api", "sensitivity": "qlower.api", "targets": "qlower.backends.registry",
+    "parse_backend_options": "qlower.backends.registry",
     "QuantConfig": "qlower.frontend.config", "Program": "qlower.program", "load": "qlower.program.fileformat",
 }
 # subpackages users reach as attributes without importing them

@@ -6,7 +6,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from qlower.backends.registry import backend_for, check_target
+from qlower.backends.registry import backend_for, backend_threads, check_target
 from qlower.backends.threads import check_threads
 from qlower.errors import ConfigError
 from qlower.frontend.config import QuantConfig
@@ -25,8 +25,9 @@ def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dic
     of the target's backend, see ``compile``; ``progress``: a progress bar). The program's
     ``canonical`` is ``graph``, its ``source`` the rewritten form."""
     check_target(target, backend_options)
+    threads, backend_options = backend_threads(target, check_threads(threads), backend_options)
     meta = dict(meta or {})
-    meta["threads"] = check_threads(threads)
+    meta["threads"] = threads
     backend = backend_for(target, backend_options)
     from qlower.partition import float_fallbacks, partition
 
@@ -53,7 +54,8 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
     a progress bar runs over it unless ``progress=False``. ``trace`` keeps what
     per-layer verification needs to look inside partitions. ``backend_options``
     go to the target's backend, e.g. ``{"system_config": "Ethos_U85_SYS_DRAM_High",
-    "memory_mode": "Dedicated_Sram_384KB"}`` for Ethos-U targets.
+    "memory_mode": "Dedicated_Sram_384KB"}`` for Ethos-U targets. ``threads`` is the program's
+    thread count; a backend's own ``threads`` option (litert) is the same setting.
     """
     from qlower.frontend import capture_and_import
     from qlower.frontend.arguments import check_calibration, check_example_inputs, check_model, check_quant
@@ -61,7 +63,7 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
 
     # every argument is checked before the minutes of export and calibration, not after
     check_target(target, backend_options)
-    check_threads(threads)
+    backend_threads(target, check_threads(threads), backend_options)
     model, quant = check_model(model), check_quant(quant)
     example_inputs = check_example_inputs(example_inputs)
     calibration = check_calibration(calibration if calibration is not None else [example_inputs], example_inputs)

@@ -95,21 +95,21 @@ def cmd_targets(args) -> int:
     return 0
 
 
-def _options(pairs: list[str]) -> dict[str, object]:
-    """KEY=VALUE strings as backend options; true/false become booleans."""
-    options: dict[str, object] = {}
+def _options(target: str, pairs: list[str]) -> dict[str, object]:
+    """KEY=VALUE strings as the target's backend options, typed as its backend declares them."""
+    texts: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"--option takes KEY=VALUE, got {pair!r}")
-        options[key] = {"true": True, "false": False}.get(value.lower(), value)
-    return options
+        texts[key] = value
+    return qlower.parse_backend_options(target, texts)
 
 
 def cmd_verify(args) -> int:
     model, example, quant, calib = _load_model(args.model, args.size, args.trained)
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
-                          verify_passes=args.verify_passes, trace=True, backend_options=_options(args.option))
+                          verify_passes=args.verify_passes, trace=True, backend_options=_options(args.target, args.option))
     from qlower.verification import verify_program
 
     report = verify_program(prog, [example])
@@ -126,9 +126,12 @@ def cmd_compile(args) -> int:
         raise UsageError("--format tflite needs -o FILE.tflite")
     model, example, quant, calib = _load_model(args.model, args.size, args.trained)
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
-                          verify_passes=args.verify_passes, backend_options=_options(args.option))
+                          verify_passes=args.verify_passes, backend_options=_options(args.target, args.option))
     say(prog.explain())
-    if args.output and args.format == "tflite":
+    if args.output and args.format == "tflite" and args.target == "tflm":
+        say(f"wrote {prog.export(args.output, format='tflite')} (TFLite, for TFLite Micro); bit-exact with the "
+            "reference interpreter under TFLM's reference kernels")
+    elif args.output and args.format == "tflite":
         from qlower.backends.litert.rounding import exact_kernels
 
         exact = exact_kernels(prog.source)
@@ -202,7 +205,7 @@ def cmd_accuracy(args) -> int:
     reports = []
     for label, config in configs:
         prog = qlower.compile(model, example, target=args.target, quant=config, calibration=calib,
-                              backend_options=_options(args.option))
+                              backend_options=_options(args.target, args.option))
         promoted = prog.meta.get("auto_int16")
         reports.append(measure_accuracy(prog, zoo.held_out(name), limit=args.limit, label=label,
                                         detail=f"int16: {', '.join(promoted)}" if promoted else ""))

@@ -7,10 +7,10 @@ or Vela libraries.
 from __future__ import annotations
 
 import importlib
-import inspect
 from collections.abc import Mapping
 from typing import Any
 
+from qlower.backends.options import check_options, option_types
 from qlower.contract import Backend
 from qlower.errors import ConfigError, UnknownTargetError
 
@@ -42,7 +42,8 @@ def targets() -> list[str]:
 
 def _backend_class(target: str, options: Mapping[str, Any] | None) -> type[Backend] | None:
     """The backend class for ``target`` (None for host-only targets), after checking ``options``
-    against its constructor: an unknown target (UnknownTargetError) or option (ConfigError) lists the known ones."""
+    against its constructor: an unknown target (UnknownTargetError) or option (ConfigError) lists the
+    known ones, a value of the wrong type (ConfigError) says what the option expects."""
     if not isinstance(target, str):
         raise UnknownTargetError(f"target must be a target name (str) such as 'cpu', got {type(target).__name__}; "
                                  f"known targets: {', '.join(targets())}")
@@ -58,13 +59,36 @@ def _backend_class(target: str, options: Mapping[str, Any] | None) -> type[Backe
     except KeyError:
         raise UnknownTargetError(f"unknown target {target!r}; known targets: {', '.join(targets())}") from None
     backend_cls = getattr(importlib.import_module(module), cls)
-    known = [n for n, p in inspect.signature(backend_cls).parameters.items()
-             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    unknown = sorted(set(options) - set(known))
-    if unknown:
-        raise ConfigError(f"target {target!r} has no backend option {', '.join(map(repr, unknown))}; "
-                         f"its options: {', '.join(known) or 'none'}")
+    check_options(target, backend_cls, options)
     return backend_cls
+
+
+def parse_backend_options(target: str, texts: Mapping[str, str]) -> dict[str, Any]:
+    """Backend options given as text (the command line's ``--option KEY=VALUE``) as the values the
+    target's backend takes, typed by its constructor's annotations (``threads=2`` is the int 2)."""
+    if target in HOST_TARGETS:
+        _backend_class(target, texts)  # a host target takes no options: any is an error
+        return {}
+    return check_options(target, _backend_class(target, None), texts, from_text=True)
+
+
+def backend_threads(target: str, threads: int | None, options: Mapping[str, Any] | None
+                    ) -> tuple[int | None, dict[str, Any]]:
+    """The program's thread count and the backend's options, agreeing: a backend with a ``threads``
+    option (litert) runs with the program's count unless given its own, which is then the
+    program's too; two different counts are a ConfigError."""
+    options = dict(options or {})
+    backend_cls = _backend_class(target, options)
+    if backend_cls is None or "threads" not in option_types(backend_cls):
+        return threads, options
+    own = options.get("threads")
+    if threads is not None and own is not None and own != threads:
+        raise ConfigError(f"threads={threads} and target {target!r} option threads={own} disagree: "
+                          "they are the same setting, give one")
+    count = threads if threads is not None else own
+    if count is not None:
+        options["threads"] = count
+    return count, options
 
 
 def check_target(target: str, options: Mapping[str, Any] | None = None) -> None:

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import collections
 import threading
+import typing
 from collections.abc import Sequence
+from typing import Literal
 
 import numpy as np
 
@@ -36,7 +38,8 @@ from qlower.ir import Graph, Op
 from qlower.ir.rewrite import Rewrite
 
 MODEL_BLOB = "model.tflite"
-KERNELS = ("reference", "builtin", "xnnpack")
+Kernels = Literal["reference", "builtin", "xnnpack"]
+KERNELS: tuple[str, ...] = typing.get_args(Kernels)
 NATIVE_FORMS = ("xnnpack",)   # kernels approximate already: the export takes their own forms (export.py)
 _EXACTNESS = {
     "reference": "bit-exact with the reference interpreter (LiteRT reference kernels, BUILTIN_REF)",
@@ -52,7 +55,7 @@ class LiteRtBackend(Backend):
     name = "litert"
     targets = ("litert",)
 
-    def __init__(self, kernels: str = "reference", threads: int | None = None):
+    def __init__(self, kernels: Kernels = "reference", threads: int | None = None):
         if kernels not in KERNELS:
             raise ConfigError(f"litert option kernels={kernels!r} is not one of {', '.join(KERNELS)}")
         self.kernels = kernels
