@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from random_graphs import FuzzCase, cases
+from rewrite_patterns import pattern_cases
 
 from qlower.backends.tosa.lowering import LOWERINGS
 from qlower.ir import Op
@@ -55,6 +56,24 @@ def fuzz_settings(target: str) -> settings:
 def test_backend_matches_reference_on_random_graphs(target):
     @fuzz_settings(target)
     @given(case=cases())
+    def run(case: FuzzCase) -> None:
+        fuzz_check(case.graph, list(case.inputs), target, SAVE_DIR, KNOWN)
+
+    run()
+
+
+# the targets whose backends rewrite the program, each on the patterns its rewrites take
+# (tests/fuzzing/rewrite_patterns.py): the target exact with its own form, that form within the
+# declared bounds of the original graph, op by op (see also tests/test_rewrite_declarations.py)
+REWRITING = [(t, p) for t in ("litert", "ethos-u55-128", "ethos-u85-256") if t in available_targets()
+             for p in (("residual_add", "fused_gemm") if t == "litert" else ("global_mean", "int16_table"))]
+
+
+@pytest.mark.parametrize(("target", "pattern"), REWRITING)
+def test_rewriting_targets_on_their_patterns(target, pattern):
+    @settings(max_examples=EXAMPLES or 8, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+    @given(case=pattern_cases(pattern, max_layers=2))
     def run(case: FuzzCase) -> None:
         fuzz_check(case.graph, list(case.inputs), target, SAVE_DIR, KNOWN)
 
