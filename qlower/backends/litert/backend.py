@@ -12,14 +12,16 @@ dequantize, global means and padding (``export.py``, ``native``), which the dele
 as one subgraph; they say so (``meta["exactness"]``, ``meta["forms"]``) and
 benchmarks/latency.py and litert_exactness.py measure it.
 
-Interpreters are built once per payload (the flatbuffer is verified first, see
-verify.py) and kept in a small bounded cache; a LiteRT interpreter is not safe
-to invoke from two threads, so each has its own lock.
+Interpreters are built once per model (the flatbuffer is verified first, see
+verify.py) and kept in a small bounded cache keyed by the model's SHA-256 and the
+interpreter's settings (never by ``hash()``, where two models can collide); a LiteRT
+interpreter is not safe to invoke from two threads, so each has its own lock.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
 import threading
 import typing
 from collections.abc import Sequence
@@ -134,7 +136,29 @@ class _Interpreter:
 
 
 _interpreters: collections.OrderedDict[tuple, _Interpreter] = collections.OrderedDict()
+# id(model bytes) -> (those bytes, their SHA-256): a payload runs many times, its model is hashed once;
+# holding the bytes keeps their id from being reused while the entry lives
+_digests: collections.OrderedDict[int, tuple[bytes, bytes]] = collections.OrderedDict()
 _interpreters_lock = threading.Lock()
+
+
+def _lru_put(cache: collections.OrderedDict, key, value) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > _CACHE_SIZE:
+        cache.popitem(last=False)
+
+
+def _digest(model: bytes) -> bytes:
+    with _interpreters_lock:
+        hit = _digests.get(id(model))
+        if hit is not None and hit[0] is model:
+            _digests.move_to_end(id(model))
+            return hit[1]
+    digest = hashlib.sha256(model).digest()
+    with _interpreters_lock:
+        _lru_put(_digests, id(model), (model, digest))
+    return digest
 
 
 def _interpreter(payload: Payload, keep_all: bool) -> _Interpreter:
@@ -144,7 +168,7 @@ def _interpreter(payload: Payload, keep_all: bool) -> _Interpreter:
     kernels = payload.meta.get("kernels", "reference")
     if kernels not in KERNELS:
         raise ExecutionError(f"the litert payload names unknown kernels {kernels!r}")
-    key = (hash(model), len(model), kernels, payload.meta.get("threads"), keep_all)
+    key = (_digest(model), kernels, payload.meta.get("threads"), keep_all)
     with _interpreters_lock:
         found = _interpreters.get(key)
         if found is not None:
@@ -153,9 +177,7 @@ def _interpreter(payload: Payload, keep_all: bool) -> _Interpreter:
     verify_tflite(model)   # never hand LiteRT bytes its own parser would have to survive
     made = _Interpreter(model, kernels, payload.meta.get("threads"), keep_all)
     with _interpreters_lock:
-        _interpreters[key] = made
-        while len(_interpreters) > _CACHE_SIZE:
-            _interpreters.popitem(last=False)
+        _lru_put(_interpreters, key, made)
     return made
 
 
