@@ -32,6 +32,7 @@ _NPU_TARGETS: dict[str, tuple[str, str]] = {
     "vgf": ("qlower.backends.vgf", "VgfBackend"),
     "vgf+int": ("qlower.backends.vgf", "VgfBackend"),
     "litert": ("qlower.backends.litert", "LiteRtBackend"),
+    "tflm": ("qlower.backends.tflm", "TflmBackend"),
 }
 HOST_TARGETS = ("reference", "cpu")
 

@@ -148,9 +148,14 @@ class Program:
         from qlower.backends.litert.export import export_tflite
         from qlower.program.fileformat import write_atomically
 
-        # a program compiled for XNNPACK exports the forms its LiteRT partition runs
-        native = any(p.payload.meta.get("forms") == "native" for p in self.partitions)
-        data = export_tflite(self.source, description=f"qlower program for {self.target}", native=native)
+        if self.target == "tflm":   # TFLM's kernels only, with their rounding (backends/tflm/export.py)
+            from qlower.backends.tflm.export import export_tflm
+
+            data = export_tflm(self.source, description="qlower program for tflm")
+        else:
+            # a program compiled for XNNPACK exports the forms its LiteRT partition runs
+            native = any(p.payload.meta.get("forms") == "native" for p in self.partitions)
+            data = export_tflite(self.source, description=f"qlower program for {self.target}", native=native)
         write_atomically(path, data)
         return os.fspath(path)
 

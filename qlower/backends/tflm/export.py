@@ -1,0 +1,274 @@
+"""IR graph -> a .tflite that TensorFlow Lite Micro runs, computing exactly what the reference computes.
+
+The LiteRT exporter (``litert/export.py``) writes each IR op as TFLite builtins;
+this one reuses it and keeps only forms TFLM has kernels for (``kernels.py``).
+Where LiteRT's exact form needs what TFLM lacks, another exact form replaces it:
+
+- a rescale by an integer power of two (the widening of a global average) is
+  int32 arithmetic, never a table;
+- a rescale, table or average of a narrow range whose result is not int8 is a
+  GATHER from a float32 table (TFLM has no int16 or int32 GATHER) and a CAST;
+- an average pool with one tap count is its exact window sums (a float32
+  depthwise convolution of ones) and a table of the reference's averages;
+- the frontend's global average (widen x k, pool, rescale: ``global_means``) is
+  one table of the sum of the centered int8 codes, when the widening is linear
+  and the sums span at most 2**16 integers.
+
+What is left needs 64-bit integer arithmetic (the requantization of a wide
+int32 range outside a fused GEMM) or a kernel TFLM lacks; such an op is
+refused with the reason, and the partitioner keeps it on the host.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+from tflite.BuiltinOperator import BuiltinOperator as B
+from tflite.Padding import Padding
+
+from qlower.backends.global_means import GlobalMean, global_means
+from qlower.backends.litert import emit
+from qlower.backends.litert.emit import NotExact, channel_shape, options, tflite_quant
+from qlower.backends.litert.export import _Export, _tfl_dtype
+from qlower.backends.litert.ranges import MAX_TABLE, table_span
+from qlower.backends.tflm.kernels import first_refusal
+from qlower.errors import UnsupportedOpError
+from qlower.ir import DType, Graph, Op, requant
+from qlower.reference.pooling import pool_counts, reciprocal_scale
+
+FLOAT_TABLE_LIMIT = 2**24   # integers a float32 table holds exactly
+
+
+class TflmExport(_Export):
+    """The LiteRT exporter restricted to TFLM's kernels (module doc)."""
+
+    def __init__(self, graph: Graph, description: str):
+        super().__init__(graph, description)
+        self.composed: dict[int, tuple[GlobalMean, np.ndarray, int]] = {}
+        for mean in global_means(graph):
+            found = _mean_table(self, mean)
+            if found is not None:
+                self.composed[id(mean.final)] = (mean, *found)
+        self.skipped |= {id(o) for m, _, _ in self.composed.values() for o in (m.widen, m.pool)}
+
+    def fused_gemm(self, rescale: Op) -> Op | None:
+        # (LiteRT's asks any reader of a GEMM; a dynamic dequantize has no output spec to fuse)
+        return super().fused_gemm(rescale) if rescale.kind == "rescale" else None
+
+    def emit(self, op: Op) -> None:
+        start = len(self.b.writer.operators)
+        own = _OWN.get(op.kind)
+        if own is None or not own(self, op):
+            super().emit(op)
+        reason = first_refusal(self.b.writer, start)
+        if reason is not None:
+            raise NotExact(reason)
+
+
+# -- lookups ---------------------------------------------------------------------------------------
+
+def _lookup(ex: TflmExport, op: Op, table: np.ndarray, lo: int, hi: int, index: int | None = None) -> None:
+    """``op``'s result as ``table[clip(x - lo)]`` for an integer ``x`` known to lie in ``[lo, hi]``: an int8
+    GATHER, or a float32 one and a CAST for wider results (TFLM gathers only int8 and float32)."""
+    b, name = ex.b, op.result.name
+    idx = ex.plain(op.operands[0]) if index is None else index
+    if lo:
+        idx = b.binary_const(B.SUB, idx, np.int32(lo), f"{name}/index")
+    if hi - lo + 1 > table.size:   # (never: tables cover the proven range) keep reads inside
+        idx = b.clamp(idx, np.int32(0), np.int32(table.size - 1), f"{name}/inside")
+    out = _tfl_dtype(op.result.type)
+    quant = tflite_quant(op.result.type)
+    if out == "int8":
+        tab = b.const(f"{name}/table", np.asarray(table).astype(np.int8), "int8", quant)
+        ex.result(op, B.GATHER, [tab, idx], options("GatherOptions", Axis=0))
+        return
+    if np.abs(table).max(initial=0) >= FLOAT_TABLE_LIMIT:
+        raise NotExact("a table of values float32 can't hold exactly (TFLM gathers only int8 and float32)")
+    tab = b.const(f"{name}/table", np.asarray(table).astype(np.float32), "float32")
+    y = b.op(B.GATHER, [tab, idx], f"{name}/f32", op.result.shape, "float32",
+             opts=options("GatherOptions", Axis=0))
+    ex.bind(op.result, b.cast(y, out, name, quant))
+
+
+def _rescale(ex: TflmExport, op: Op) -> bool:
+    if id(op) in ex.composed:
+        _mean(ex, *ex.composed[id(op)])
+        return True
+    if ex.fused_gemm(op) is not None or id(op) in ex.adds:
+        return False   # LiteRT's fused CONV_2D / FULLY_CONNECTED / ADD, TFLM's too
+    x = op.operands[0]
+    src, out = x.type.quant, op.attrs["out"]
+    mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])
+    power = mult.ratio()
+    if x.dtype in (DType.INT8, DType.INT16) and np.all(power == np.round(power)) and np.all(power >= 1) \
+            and np.all(power < 2**15):
+        # x 2**k (a widening): int32 arithmetic with no rounding at all
+        rank = op.result.type.rank
+        ex.bind(op.result, emit.rescale(
+            ex.b, ex.value(x), channel_shape(src.zero_point, rank, src.axis),
+            channel_shape(mult.multiplier, rank, src.axis), channel_shape(mult.shift, rank, src.axis),
+            out.zero_point[0], out.qmin, out.qmax, _tfl_dtype(op.result.type), op.result.name,
+            tflite_quant(op.result.type)))
+        return True
+    lo, hi = ex.ranges.of(x)
+    if src.is_per_channel or not table_span(lo, hi):
+        raise NotExact("requantizing a wide int32 range outside a fused kernel needs 64-bit integer "
+                       "arithmetic, which TFLM's kernels lack")
+    codes = np.arange(lo, hi + 1, dtype=np.int64)
+    table = requant.rescale(codes, np.asarray(src.zero_point), out.zero_point[0], mult, out.qmin, out.qmax,
+                            rounding=op.attrs["rounding"])
+    _lookup(ex, op, table, lo, hi)
+    return True
+
+
+def _table(ex: TflmExport, op: Op) -> bool:
+    if op.result.type.dtype is DType.INT8:
+        return False   # LiteRT's int8 GATHER
+    offset, table = op.attrs["offset"], np.asarray(op.attrs["table"])
+    lo, hi = ex.ranges.of(op.operands[0])
+    # the reference clips x + offset into the table: the proven range's entries, in order
+    _lookup(ex, op, table[np.clip(np.arange(lo, hi + 1) + offset, 0, table.size - 1)], lo, hi)
+    return True
+
+
+# -- averages ------------------------------------------------------------------------------------
+
+def _window_sums(ex: TflmExport, x, centre: int, kernel, stride, name: str) -> int:
+    """int32 exact sums of each ``kernel`` window of ``x``'s centered codes (VALID): a float32 depthwise
+    convolution of ones, exact while every partial sum stays below 2**24 (checked by the caller)."""
+    b = ex.b
+    t = ex.plain(x)
+    if centre:
+        t = b.binary_const(B.SUB, t, np.int32(centre), f"{name}/center")
+    t = b.cast(t, "float32", f"{name}/f32")
+    n, h, w, c = x.type.shape
+    (kh, kw), (sh, sw) = kernel, stride
+    oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+    ones = b.const(f"{name}/ones", np.ones((1, kh, kw, c), np.float32), "float32")
+    zeros = b.const(f"{name}/zeros", np.zeros(c, np.float32), "float32")
+    sums = b.op(B.DEPTHWISE_CONV_2D, [t, ones, zeros], f"{name}/sums", (n, oh, ow, c), "float32",
+                opts=options("DepthwiseConv2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
+                             DepthMultiplier=1, DilationWFactor=1, DilationHFactor=1))
+    return b.cast(sums, "int32", f"{name}/acc")
+
+
+def _sum_range(ex: TflmExport, x, taps: int) -> tuple[int, int]:
+    lo, hi = ex.ranges.of(x)
+    zp = x.type.quant.zero_point[0]
+    return taps * (lo - zp), taps * (hi - zp)
+
+
+def _avg_pool(ex: TflmExport, op: Op) -> bool:
+    x = op.operands[0]
+    if x.type.quant is None:
+        return False   # LiteRT's float form (refused below if TFLM lacks it)
+    if any(op.attrs["pad"]):
+        raise NotExact("a padded average pool divides by several tap counts; TFLM has no exact form of it here")
+    counts = pool_counts(op)
+    taps = int(counts.flat[0])
+    s_lo, s_hi = _sum_range(ex, x, taps)
+    if not table_span(s_lo, s_hi) or max(abs(s_lo), abs(s_hi)) >= FLOAT_TABLE_LIMIT:
+        raise NotExact(f"the window sums span more than {MAX_TABLE} integers")
+    zp = x.type.quant.zero_point[0]
+    acc = _window_sums(ex, x, zp, op.attrs["kernel"], op.attrs["stride"], op.result.name)
+    sums = np.arange(s_lo, s_hi + 1, dtype=np.int64)
+    m = reciprocal_scale(np.asarray([taps]))
+    table = np.clip(requant.apply_scale_32(sums, m.multiplier[0], m.shift[0]) + zp, x.dtype.min, x.dtype.max)
+    _lookup(ex, op, table, s_lo, s_hi, index=acc)
+    return True
+
+
+def _mean_table(ex: TflmExport, mean: GlobalMean) -> tuple[np.ndarray, int] | None:
+    """The global average's result as a function of the sum of its centered int8 codes, and the least sum;
+    None unless the widening is linear (no clamp) and the sums span at most 2**16 integers."""
+    x, widen = mean.widen.operands[0], mean.widen
+    xq, wq = x.type.quant, widen.attrs["out"]
+    lo, hi = ex.ranges.of(x)
+    codes = np.arange(lo, hi + 1, dtype=np.int64)
+    try:
+        wide = requant.rescale(codes, xq.zero_point[0], wq.zero_point[0],
+                               requant.requantize_ratio(xq.scale[0], wq.scale[0]), wq.qmin, wq.qmax,
+                               rounding=widen.attrs["rounding"])
+    except requant.RequantRangeError:
+        return None
+    k = int(wide[1] - wide[0]) if wide.size > 1 else 0
+    if k <= 0 or not np.array_equal(wide, k * (codes - xq.zero_point[0]) + wq.zero_point[0]):
+        return None
+    taps = int(np.prod(mean.pool.attrs["kernel"]))
+    s_lo, s_hi = _sum_range(ex, x, taps)
+    if not table_span(s_lo, s_hi) or max(abs(s_lo), abs(s_hi)) * k >= 2**31:
+        return None
+    # the reference's own steps: the pool of k * (x - zp) (its input's zero point removed), then the rescale
+    sums = np.arange(s_lo, s_hi + 1, dtype=np.int64) * k
+    m = reciprocal_scale(np.asarray([taps]))
+    pool_t = mean.pool.result.type
+    pooled = np.clip(requant.apply_scale_32(sums, m.multiplier[0], m.shift[0]) + wq.zero_point[0],
+                     pool_t.dtype.min, pool_t.dtype.max)
+    fq, out = pool_t.quant, mean.final.attrs["out"]
+    table = requant.rescale(pooled, fq.zero_point[0], out.zero_point[0],
+                            requant.requantize_ratio(fq.scale[0], out.scale[0]), out.qmin, out.qmax,
+                            rounding=mean.final.attrs["rounding"])
+    return table, s_lo
+
+
+def _mean(ex: TflmExport, mean: GlobalMean, table: np.ndarray, s_lo: int) -> None:
+    x = mean.widen.operands[0]
+    acc = _window_sums(ex, x, x.type.quant.zero_point[0], mean.pool.attrs["kernel"], (1, 1),
+                       mean.final.result.name)
+    _lookup(ex, mean.final, table, s_lo, s_lo + table.size - 1, index=acc)
+
+
+_OWN: dict[str, Callable[[TflmExport, Op], bool]] = {
+    "rescale": _rescale, "table": _table, "avg_pool2d": _avg_pool,
+}
+
+
+# -- what the partitioner and the program use -------------------------------------------------------
+
+def op_reasons(graph: Graph) -> dict[int, str]:
+    """id(op) -> why ``op`` has no TFLM form, for every op of ``graph`` that has none.
+
+    One export of the whole graph, op by op: an op that fails leaves a placeholder for its results,
+    so the ops after it are judged on their own. An op written by another (a fused GEMM by its
+    rescale, an ADD group's and a global average's members by the last op) shares that op's verdict."""
+    ex = TflmExport(graph, "")
+    for v in graph.inputs:
+        ex.bind(v, ex.b.tensor(v.name, v.shape, _tfl_dtype(v.type), tflite_quant(v.type)))
+    writers: dict[int, list[Op]] = {}
+    for g in ex.adds.values():
+        writers[id(g.out)] = list(g.members)
+    for m, _, _ in ex.composed.values():
+        writers[id(m.final)] = [m.widen, m.pool]
+    reasons: dict[int, str] = {}
+    for op in graph.ops:
+        if op.kind == "constant" or id(op) in ex.skipped:
+            continue
+        if op.kind in ("conv2d", "fully_connected", "matmul"):
+            fused = [u for u in ex.users.get(op.result, []) if ex.fused_gemm(u) is op]
+            if fused:
+                writers.setdefault(id(fused[0]), []).append(op)
+                continue
+        try:
+            ex.emit(op)
+        except NotExact as e:
+            reasons[id(op)] = str(e)
+            for v in op.results:
+                try:
+                    ex.bind(v, ex.b.tensor(v.name, v.shape, _tfl_dtype(v.type), tflite_quant(v.type)))
+                except NotExact:
+                    pass
+    for writer, members in writers.items():
+        for m in members:
+            if writer in reasons:
+                reasons[id(m)] = reasons[writer]
+    return reasons
+
+
+def export_tflm(graph: Graph, description: str = "qlower for TFLM") -> bytes:
+    """The .tflite TFLM runs computing exactly what ``graph`` means; UnsupportedOpError names the first op
+    with no TFLM form (its source line and why)."""
+    try:
+        return TflmExport(graph, description).run()
+    except NotExact as e:
+        raise UnsupportedOpError(f"graph '{graph.name}' can't be exported for TFLM: {e}") from None

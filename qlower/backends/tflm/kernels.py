@@ -1,0 +1,67 @@
+"""Which TFLite builtin operators TensorFlow Lite Micro runs, on which dtypes.
+
+TFLM implements a subset of TFLite's kernels, each for fewer types: it has no
+int64 arithmetic at all, no int16 or int32 GATHER table, no int32 SUM or
+FLOOR_MOD, and CAST only among int8, int16, int32, float32 and bool. Measured
+one operator at a time with ``tflite-micro`` 0.dev20261023182759 (loads and
+runs; tests/test_tflm_kernels.py checks every entry against the interpreter).
+The key is the dtype of the operator's first input; CAST is keyed by
+``(input dtype, output dtype)``. An exported operator outside this table is a
+reason for its IR op to stay on the host.
+"""
+
+from __future__ import annotations
+
+from tflite.BuiltinOperator import BuiltinOperator as B
+
+_NUMBERS = frozenset({"int32", "float32"})
+_ANY = frozenset({"int8", "int16", "int32", "float32"})
+_CASTABLE = ("int8", "int16", "int32", "float32", "bool")
+
+ACCEPTED: dict[int, frozenset[str]] = {
+    B.ADD: frozenset({"int8", "int32", "float32"}),   # int8: quantized, TFLite ADD's form (fused_add.py)
+    B.SUB: _NUMBERS,
+    B.MUL: _NUMBERS,
+    B.MAXIMUM: _ANY, B.MINIMUM: _ANY,
+    B.FLOOR_MOD: frozenset({"float32"}),
+    B.DIV: _NUMBERS,
+    B.EQUAL: _NUMBERS, B.NOT_EQUAL: _NUMBERS, B.GREATER_EQUAL: _NUMBERS,
+    B.GREATER: frozenset({"int16", "int32", "float32"}),
+    B.GATHER: frozenset({"int8", "float32"}),
+    B.REDUCE_MAX: frozenset({"int8", "float32"}),
+    B.ARG_MAX: frozenset({"int8", "float32"}),
+    B.TRANSPOSE: frozenset({"int8", "int16", "float32"}),
+    B.PADV2: _ANY, B.RESHAPE: _ANY, B.CONCATENATION: _ANY, B.STRIDED_SLICE: _ANY,
+    B.MAX_POOL_2D: frozenset({"int8", "int16", "float32"}),
+    B.SELECT_V2: frozenset({"int8", "int16", "float32"}),
+    B.CONV_2D: frozenset({"int8", "float32"}),
+    B.DEPTHWISE_CONV_2D: frozenset({"int8", "float32"}),
+    B.FULLY_CONNECTED: frozenset({"int8", "float32"}),
+}
+CASTS = frozenset((a, b) for a in _CASTABLE for b in _CASTABLE if a != b)
+_NAMES = {v: k for k, v in vars(B).items() if not k.startswith("_")}
+
+
+def refusal(code: int, in_dtype: str, out_dtype: str) -> str | None:
+    """Why TFLM has no kernel for builtin ``code`` reading ``in_dtype`` (writing ``out_dtype``), or None."""
+    name = _NAMES.get(code, str(code))
+    if code == B.CAST:
+        if (in_dtype, out_dtype) in CASTS:
+            return None
+        return f"TFLM's CAST has no {in_dtype} -> {out_dtype} kernel"
+    accepted = ACCEPTED.get(code)
+    if accepted is None:
+        return f"TFLM's kernels don't include {name}"
+    if in_dtype not in accepted:
+        return f"TFLM's {name} takes {', '.join(sorted(accepted))}, not {in_dtype}"
+    return None
+
+
+def first_refusal(writer, start: int = 0) -> str | None:
+    """The first reason an operator of ``writer`` (a litert ``ModelWriter``) from ``start`` on has no TFLM kernel."""
+    for op in writer.operators[start:]:
+        src = writer.tensors[op.inputs[0]].dtype if op.inputs else "none"
+        reason = refusal(writer.opcodes[op.opcode], src, writer.tensors[op.outputs[0]].dtype)
+        if reason is not None:
+            return reason
+    return None

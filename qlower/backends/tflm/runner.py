@@ -1,0 +1,46 @@
+"""Running a .tflite on TFLM's interpreter, in worker processes (``worker.py``).
+
+TFLM is native code: a model it did not expect may crash it. In a worker
+process a crash is an ExecutionError naming the signal, and the caller lives
+on. Workers are reused and bounded like the TOSA reference model's
+(``QLOWER_TOSA_WORKERS``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from qlower.backends.frames import from_npy, to_npy
+from qlower.backends.workers import WorkerDied, WorkerPool, close_at_exit
+from qlower.errors import ExecutionError
+
+MAX_ARENA = 1 << 30   # no model qlower writes needs more; a payload claiming more is refused
+_POOL = close_at_exit(WorkerPool(Path(__file__).with_name("worker.py")))
+
+
+def _call(request: list[bytes], what: str) -> list[bytes]:
+    try:
+        answer = _POOL.call(request)
+    except WorkerDied as e:
+        raise ExecutionError(f"TFLM crashed on {what}: its process {e}. The model is invalid for TFLM "
+                             "(a corrupt or hand-edited payload?); the calling process is unaffected.") from None
+    if answer[0] != b"ok":
+        text = answer[1].decode(errors="replace").strip() if len(answer) > 1 else "no reason given"
+        raise ExecutionError(f"TFLM refused {what}: {text}")
+    return answer[1:]
+
+
+def smallest_arena(model: bytes, what: str = "the model") -> int:
+    """The smallest tensor arena (bytes, a multiple of 16) in which TFLM's interpreter allocates the model."""
+    return int(_call([b"arena", bytes(model), str(MAX_ARENA).encode()], what)[0])
+
+
+def run(model: bytes, arena: int, inputs: Sequence[np.ndarray], what: str = "the model") -> list[np.ndarray]:
+    """Run ``model`` with an arena of ``arena`` bytes on ``inputs`` (dtypes and order as the model's inputs)."""
+    if not isinstance(arena, int) or not 0 < arena <= MAX_ARENA:
+        raise ExecutionError(f"TFLM arena {str(arena)[:20]} is not a size in (0, {MAX_ARENA}]")
+    request = [b"run", bytes(model), str(arena).encode(), *(to_npy(np.ascontiguousarray(x)) for x in inputs)]
+    return [from_npy(part) for part in _call(request, what)]

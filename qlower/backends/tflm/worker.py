@@ -1,0 +1,116 @@
+"""TFLM's interpreter in a process of its own (started by ``runner``; not imported by qlower).
+
+TFLM is native code that may crash on a model it did not expect and logs to
+file descriptor 2. Here a crash ends this process only (the caller raises an
+ExecutionError naming the signal), and fd 2 goes to a scratch file whose text
+becomes the error message.
+
+Requests (frames of ``frames.py``):
+``[b"run", model, arena bytes (decimal), input .npy ...]`` -> ``[b"ok", output .npy ...]``;
+``[b"arena", model, upper bound (decimal)]`` -> ``[b"ok", smallest arena (decimal)]``;
+any failure -> ``[b"error", message]``. The last interpreter is kept for the next run of the same model.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.append(str(Path(__file__).resolve().parent.parent))
+from frames import from_npy, serve, to_npy, write_frame  # noqa: E402
+
+ALIGN = 16          # arena sizes are searched in steps of TFLM's tensor alignment
+_START = 1 << 12
+
+
+def _serve(requests: int, answers: int) -> None:
+    try:
+        from tflite_micro.python.tflite_micro import runtime
+    except Exception as e:  # noqa: BLE001 - reported to the caller, who raises it
+        write_frame(answers, [b"error", f"can't import TFLM's interpreter (tflite-micro): {e}".encode()])
+        return
+    log = tempfile.TemporaryFile()
+    os.dup2(log.fileno(), 2)
+    kept: dict = {}
+
+    def interpreter(model: bytes, arena: int):
+        key = (model, arena)
+        if kept.get("key") != key:
+            kept.clear()
+            kept["it"] = runtime.Interpreter.from_bytes(model, arena_size=arena)
+            kept["key"] = key
+        return kept["it"]
+
+    def fits(model: bytes, arena: int, invoke: bool = False) -> bool:
+        # in a child: TFLM segfaults on some arenas slightly too small instead of refusing them
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                it = runtime.Interpreter.from_bytes(model, arena_size=arena)
+                if invoke:
+                    it.invoke()
+                code = 0
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+    def smallest(model: bytes, upper: int) -> int:
+        hi = _START
+        while not fits(model, hi):
+            if hi >= upper:
+                raise RuntimeError(f"the model does not fit an arena of {upper} bytes")
+            hi = min(hi * 2, upper)
+        lo = 0   # lo never fits, hi always does
+        while hi - lo > ALIGN:
+            mid = (lo + hi) // 2 // ALIGN * ALIGN
+            if mid <= lo:
+                break
+            lo, hi = (lo, mid) if fits(model, mid) else (mid, hi)
+        if not fits(model, hi, invoke=True):
+            raise RuntimeError(f"the model allocates in an arena of {hi} bytes but does not run in it")
+        return hi
+
+    def handle(frame: list[bytes]) -> list[bytes]:
+        log.seek(0)
+        log.truncate()
+        try:
+            if len(frame) >= 3 and frame[0] == b"arena":
+                return [b"ok", str(smallest(frame[1], int(frame[2]))).encode()]
+            if len(frame) < 3 or frame[0] != b"run":
+                raise ValueError("a request must be [b'run', model, arena, inputs...] or [b'arena', model, upper]")
+            it = interpreter(frame[1], int(frame[2]))
+            for i, part in enumerate(frame[3:]):
+                it.set_input(from_npy(part), i)
+            it.invoke()
+            n = len(kept.setdefault("outputs", _count_outputs(frame[1])))
+            return [b"ok", *(to_npy(it.get_output(i)) for i in range(n))]
+        except Exception as e:  # noqa: BLE001 - a refused model or input is the caller's error to raise
+            kept.clear()
+            log.seek(0)
+            return [b"error", f"{type(e).__name__}: {e}".encode() + b"\n" + log.read()[-1500:]]
+
+    serve(requests, answers, handle)
+
+
+def _count_outputs(model: bytes) -> list[int]:
+    from tflite_micro.python.tflite_micro.runtime import schema_fb
+
+    sg = schema_fb.Model.GetRootAsModel(model, 0).Subgraphs(0)
+    return [sg.Outputs(i) for i in range(sg.OutputsLength())]
+
+
+def main() -> None:
+    requests, answers = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    _serve(requests, answers)
+
+
+if __name__ == "__main__":
+    main()
