@@ -1,9 +1,10 @@
 """Quantized residual adds in the form of TFLite's int8 ADD kernel.
 
-qlower imports ``a + b`` of int8 codes as TFLite does (DESIGN: both operands
-rescaled to int32 at ``S = 2 * max(s_a, s_b) / 2**20``, added, rescaled to the
-output), but each operand's rescale rounds once, at its final shift. TFLite's
-kernel first shifts the centered codes left by 20 bits and then requantizes
+qlower imports ``a + b`` of int8 codes as TFLite does (both operands rescaled to
+int32 at ``S = 2 * max(s_a, s_b) / 2**20``, ``qlower.ir.add_domain``, added,
+rescaled to the output), but each operand's rescale rounds once, at its final shift.
+An add is recognised by that domain, from the same definition the importer uses.
+TFLite's kernel first shifts the centered codes left by 20 bits and then requantizes
 them with gemmlowp's two roundings (TOSA's DOUBLE_ROUND), and rounds the sum
 the same way. So for the ``litert`` target each operand rescale becomes an
 exact ``x 2**20`` rescale followed by a double-rounding one, and the output
@@ -23,9 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from qlower.ir import DType, Graph, Op, QuantSpec, rebuild, requant
+from qlower.ir.add_domain import ADD_SHIFT, add_domain_scale
 from qlower.ir.rewrite import Rewrite, Rewritten
-
-LEFT_SHIFT = 20
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,6 @@ def _sole_user(users, v) -> Op | None:
 
 def _int8_per_tensor(t) -> bool:
     return t.dtype is DType.INT8 and t.quant is not None and not t.quant.is_per_channel and not t.quant.dynamic
-
-
-def _domain_scale(s1: float, s2: float) -> float:
-    return 2.0 * max(s1, s2) / 2**LEFT_SHIFT
 
 
 def to_tflite_add(graph: Graph) -> Graph:
@@ -76,7 +72,7 @@ class TfliteAdd(Rewrite):
                 changed.append(op.result.name)
                 src = op.operands[0].type.quant
                 shifted = b.op("rescale", *operands, name=f"{op.result.name}_shifted", origin=op.result.origin,
-                               out=QuantSpec.per_tensor(src.scale[0] / 2**LEFT_SHIFT, 0, DType.INT32))
+                               out=QuantSpec.per_tensor(src.scale[0] / 2**ADD_SHIFT, 0, DType.INT32))
                 return (b.op("rescale", shifted, name=op.result.name, origin=op.result.origin,
                              out=op.attrs["out"], rounding="double"),)
             if id(op) in double:
@@ -105,9 +101,8 @@ def _add_rescales(graph: Graph) -> tuple[set[int], set[int]]:
                    and _sole_user(users, r.result) is op and r.result not in outputs
                    and _int8_per_tensor(r.operands[0].type) for r in rescales):
             continue
-        s1, s2 = (r.operands[0].type.quant.scale[0] for r in rescales)
-        if any(r.attrs["out"].scale[0] != _domain_scale(s1, s2) or r.attrs["out"].zero_point[0] != 0
-               for r in rescales):
+        domain = add_domain_scale([r.operands[0].type.quant.scale[0] for r in rescales])
+        if any(r.attrs["out"].scale[0] != domain or r.attrs["out"].zero_point[0] != 0 for r in rescales):
             continue
         split.update(id(r) for r in rescales)
         double.add(id(out))
@@ -135,7 +130,7 @@ def add_groups(graph: Graph) -> dict[int, AddGroup]:
                     or _sole_user(users, t.result) is not r or not _int8_per_tensor(t.operands[0].type):
                 break
             x = t.operands[0].type.quant
-            if t.attrs["out"].scale[0] != x.scale[0] / 2**LEFT_SHIFT or t.attrs["out"].zero_point[0] != 0:
+            if t.attrs["out"].scale[0] != x.scale[0] / 2**ADD_SHIFT or t.attrs["out"].zero_point[0] != 0:
                 break
             members += [r, t]
             xs.append(t.operands[0])
@@ -157,7 +152,7 @@ def _same_multipliers(xs, members, out: Op) -> bool:
     s_out = _stored(out.attrs["out"].scale[0])
     twice_max = 2.0 * max(s1, s2)
     wanted = [(s1 / twice_max, members[1]), (s2 / twice_max, members[3]),
-              (twice_max / ((1 << LEFT_SHIFT) * s_out), out)]
+              (twice_max / ((1 << ADD_SHIFT) * s_out), out)]
     for real, rescale in wanted:
         src = rescale.operands[0].type.quant
         ir = requant.requantize_ratio(np.asarray(src.scale), rescale.attrs["out"].scale[0])

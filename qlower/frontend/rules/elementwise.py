@@ -24,9 +24,10 @@ from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.quantizer import packet
 from qlower.frontend.rules import register
 from qlower.ir import DType, QuantSpec
+from qlower.ir.add_domain import ADD_SHIFT, add_domain_scale
 
 aten = torch.ops.aten
-COMMON_SHIFT = 20
+CONSTANT_BITS = 20  # a float constant of many magnitudes as int32 codes: max|c| is 2**20 codes
 INT16_COMMON_SHIFT = 15  # add / sub with an int16 operand: 2**15 * 2**14 per operand, the sum below 2**31
 FLOAT_MAX = float(np.finfo(np.float32).max)
 
@@ -77,9 +78,9 @@ def add_sub(ctx: ImportContext, node, input, other, alpha=1, **_):
     scales = [_per_tensor_scale(ctx, r) if q else float(np.abs(r.data).max(initial=0.0)) / 127
               for q, r in zip(quantized, refs)]
     # int16 codes (|code| < 2**15) keep 15 bits of headroom instead of 20, so the sum stays within int32
-    shift = COMMON_SHIFT if all(not q or r.spec.dtype.itemsize == 1 for q, r in zip(quantized, refs)) \
+    shift = ADD_SHIFT if all(not q or r.spec.dtype.itemsize == 1 for q, r in zip(quantized, refs)) \
         else INT16_COMMON_SHIFT
-    common = QuantSpec.per_tensor(2 * max(scales) / 2**shift, 0, DType.INT32)
+    common = QuantSpec.per_tensor(add_domain_scale(scales, shift), 0, DType.INT32)
     refs = [r if q else Ref.constant(_int32_codes(ctx, r.data, common.scale[0]), common, r.origin)
             for q, r in zip(quantized, refs)]
     perm, (a, b) = ctx.broadcast(refs)
@@ -115,7 +116,7 @@ def exact_multiplier(ctx: ImportContext, c: np.ndarray, rank: int) -> Ref:
         spec = QuantSpec.per_channel(scales, axis=axes[0], dtype=DType.INT32)
         return Ref.constant(np.sign(c).astype(np.int32), spec)
     amax = float(np.abs(c).max())
-    spec = QuantSpec.per_tensor((amax or 1.0) / 2**COMMON_SHIFT, 0, DType.INT32)
+    spec = QuantSpec.per_tensor((amax or 1.0) / 2**CONSTANT_BITS, 0, DType.INT32)
     return Ref.constant(_int32_codes(ctx, c, spec.scale[0]), spec)
 
 

@@ -27,9 +27,10 @@ import torch
 from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.rules import STATIC_ONLY, register
-from qlower.frontend.rules.elementwise import COMMON_SHIFT, _float_ref, _static_quantized
+from qlower.frontend.rules.elementwise import _float_ref, _static_quantized
 from qlower.frontend.rules.softmax import EXP_BITS, exponentials
 from qlower.ir import DType, QuantSpec
+from qlower.ir.add_domain import add_domain_scale
 
 aten = torch.ops.aten
 LOG_BITS = 16
@@ -58,7 +59,7 @@ def log_softmax(ctx: ImportContext, node, input: Ref, dim, dtype=None, half_to_f
     s16 = ctx.rescale(total, QuantSpec.per_tensor(n / S16_MAX, 0, DType.INT16, 0, S16_MAX), perm)
     log_s = ctx.emit("table", s16, perm=perm, table=log_table(n), offset=0,
                      out=QuantSpec.per_tensor(2.0**-LOG_BITS, 0, DType.INT32))
-    common = QuantSpec.per_tensor(2 * max(s, 2.0**-LOG_BITS) / 2**COMMON_SHIFT, 0, DType.INT32)
+    common = QuantSpec.per_tensor(add_domain_scale((s, 2.0**-LOG_BITS)), 0, DType.INT32)
     diff = ctx.emit("sub", ctx.rescale(d, common, perm), ctx.rescale(log_s, common, perm), perm=perm)
     return Ref.of(ctx.rescale(diff, out, perm), perm)
 
