@@ -8,18 +8,38 @@ The public names are loaded on first use (PEP 562), so ``import qlower.ir`` or
 import importlib
 
 import qlower._quiet  # noqa: F401  (first: filters import-time noise of torchao, before anything imports it)
+from qlower.late import LATE as _LATE
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it
 _PUBLIC = {
     "compile": "qlower.api", "verify": "qlower.api", "evaluate": "qlower.api", "sensitivity": "qlower.api", "targets": "qlower.backends.registry",
-    "parse_backend_options": "qlower.backends.registry",
+    "parse_backend_options": "qlower.backends.registry", "verify_program": "qlower.verification",
+    "measure_accuracy": "qlower.verification.accuracy", "comparison_table": "qlower.verification.accuracy",
+    "inspect_program": "qlower.program.fileformat", "tflite_exact_kernels": "qlower.api", "save_arrays": "qlower.api",
     "QuantConfig": "qlower.frontend.config", "Program": "qlower.program", "load": "qlower.program.fileformat",
 }
 # subpackages users reach as attributes without importing them
 _SUBPACKAGES = {"zoo", "errors", "ir", "reference", "verification", "program", "backends", "frontend"}
 __all__ = sorted(_PUBLIC)
+
+
+# the package root binds what an earlier stage calls in a later one (qlower/late.py), loaded on first use
+def _runner_for(*args, **kwargs):
+    from qlower.runtime import runner_for
+
+    return runner_for(*args, **kwargs)
+
+
+def _as_numpy(*args, **kwargs):
+    from qlower.runtime import as_numpy
+
+    return as_numpy(*args, **kwargs)
+
+
+_LATE.add("runner_for", _runner_for)
+_LATE.add("as_numpy", _as_numpy)
 
 
 def __getattr__(name: str):

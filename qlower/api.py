@@ -1,4 +1,5 @@
-"""The public entry points: ``compile``, ``verify``, ``evaluate`` and ``sensitivity``."""
+"""The public entry points: ``compile``, ``verify``, ``evaluate`` and ``sensitivity``, and what the command
+line needs beyond them (``tflite_exact_kernels``, ``save_arrays``)."""
 
 from __future__ import annotations
 
@@ -154,3 +155,30 @@ def sensitivity(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | 
         batches, labels = [tuple(b) for b in calibration][:limit], None
     gm, batch = capture_switchable(model, example_inputs, quant, calibration, progress)
     return measure_sensitivity(gm, batches, labels, batch=batch, progress=progress, model=type(model).__name__)
+
+
+def tflite_exact_kernels(program: Program) -> tuple[str, ...]:
+    """The LiteRT kernel families under which ``program.export(path, format="tflite")`` computes the
+    reference interpreter's numbers exactly (empty: its requantization rounds as none of them do;
+    compile for target ``litert`` with the ``kernels`` option you deploy)."""
+    from qlower.backends.litert.rounding import exact_kernels
+
+    return tuple(exact_kernels(program.source))
+
+
+def save_arrays(path: str, arrays: Sequence[Any]) -> str:
+    """``arrays`` (e.g. a program's outputs) written at exactly ``path``, whole or not at all: one
+    array as a .npy file, several as a .npz file. Returns the format written."""
+    import io
+
+    import numpy as np
+
+    from qlower.program.fileformat import write_atomically
+
+    buf = io.BytesIO()
+    if len(arrays) == 1:
+        np.save(buf, np.asarray(arrays[0]), allow_pickle=False)
+    else:
+        np.savez(buf, *arrays)
+    write_atomically(path, buf.getvalue())
+    return ".npy" if len(arrays) == 1 else ".npz"

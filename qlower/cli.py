@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import io
 import json
 import os
 import sys
@@ -82,16 +81,14 @@ def cmd_zoo(args) -> int:
     from qlower import zoo
 
     for name in zoo.names():
-        recipe = zoo.trained.RECIPES.get(name)
-        trained = f" [--trained: {recipe.description}, trained on digits 3x32x32 → 10]" if recipe else ""
+        description = zoo.trained_description(name)
+        trained = f" [--trained: {description}, trained on digits 3x32x32 → 10]" if description else ""
         say(f"{name:22s} {zoo.describe(name)}{trained}")
     return 0
 
 
 def cmd_targets(args) -> int:
-    from qlower.backends.registry import targets
-
-    say("\n".join(targets()))
+    say("\n".join(qlower.targets()))
     return 0
 
 
@@ -110,9 +107,7 @@ def cmd_verify(args) -> int:
     model, example, quant, calib = _load_model(args.model, args.size, args.trained)
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
                           verify_passes=args.verify_passes, trace=True, backend_options=_options(args.target, args.option))
-    from qlower.verification import verify_program
-
-    report = verify_program(prog, [example])
+    report = qlower.verify_program(prog, [example])
     say(report.table())
     if args.json:
         Path(args.json).write_text(report.to_json())
@@ -132,9 +127,7 @@ def cmd_compile(args) -> int:
         say(f"wrote {prog.export(args.output, format='tflite')} (TFLite, for TFLite Micro); bit-exact with the "
             "reference interpreter under TFLM's reference kernels")
     elif args.output and args.format == "tflite":
-        from qlower.backends.litert.rounding import exact_kernels
-
-        exact = exact_kernels(prog.source)
+        exact = qlower.tflite_exact_kernels(prog)
         where = (f"bit-exact with the reference interpreter under LiteRT's {' and '.join(exact)} kernels" if exact
                  else "its requantization rounds as no LiteRT kernels are guaranteed to: compile with --target "
                       "litert (--option kernels=...) for a file LiteRT reproduces exactly")
@@ -154,8 +147,6 @@ def cmd_compile(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from qlower.program.fileformat import write_atomically
-
     prog = qlower.load(args.program)
     inputs = []
     for path in args.input:
@@ -170,13 +161,8 @@ def cmd_run(args) -> int:
         say(f"output {i}: {o.dtype}{list(o.shape)}  min {o.min():.6g}  max {o.max():.6g}")
     if args.output:
         # written to exactly this path (NumPy would append .npy/.npz to a name without it)
-        buf = io.BytesIO()
-        if len(outs) == 1:
-            np.save(buf, outs[0], allow_pickle=False)
-        else:
-            np.savez(buf, *outs)
-        write_atomically(args.output, buf.getvalue())
-        say(f"wrote {args.output} ({'.npy' if len(outs) == 1 else f'.npz of {len(outs)} arrays'})")
+        kind = qlower.save_arrays(args.output, outs)
+        say(f"wrote {args.output} ({kind if len(outs) == 1 else f'{kind} of {len(outs)} arrays'})")
     return 0
 
 
@@ -185,7 +171,6 @@ def cmd_accuracy(args) -> int:
     from dataclasses import replace
 
     from qlower import zoo
-    from qlower.verification.accuracy import comparison_table, measure_accuracy
 
     if not args.model.startswith("zoo:"):
         raise UsageError(f"accuracy takes a trained zoo model (zoo:NAME, one of {', '.join(zoo.trained_names())}), "
@@ -207,10 +192,10 @@ def cmd_accuracy(args) -> int:
         prog = qlower.compile(model, example, target=args.target, quant=config, calibration=calib,
                               backend_options=_options(args.target, args.option))
         promoted = prog.meta.get("auto_int16")
-        reports.append(measure_accuracy(prog, zoo.held_out(name), limit=args.limit, label=label,
+        reports.append(qlower.measure_accuracy(prog, zoo.held_out(name), limit=args.limit, label=label,
                                         detail=f"int16: {', '.join(promoted)}" if promoted else ""))
     say(f"{name}, trained on digits")
-    say(reports[0].table() if len(reports) == 1 else comparison_table(reports))
+    say(reports[0].table() if len(reports) == 1 else qlower.comparison_table(reports))
     if args.json:
         Path(args.json).write_text(json.dumps([json.loads(r.to_json()) for r in reports], indent=2))
     return 0
@@ -233,27 +218,27 @@ def cmd_sensitivity(args) -> int:
 
 
 def cmd_inspect(args) -> int:
-    from qlower.program.fileformat import inspect_program
-
-    say(json.dumps(inspect_program(args.program), indent=2, default=str))
+    say(json.dumps(qlower.inspect_program(args.program), indent=2, default=str))
     return 0
+
+
+def _percent(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.2f}%"
 
 
 def cmd_demo(args) -> int:
     """Digits CNN: fp32 vs int8 accuracy on held-out digits, then the verification table."""
     from qlower import zoo
-    from qlower.verification import verify_program
-    from qlower.verification.accuracy import measure_accuracy, pct
 
     model, example, quant, calib = zoo.get("digits_cnn")
     say(f"compiling digits_cnn for {args.target} (static int8, {len(calib)} calibration batches)…")
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib, trace=True)
     held_out = zoo.held_out("digits_cnn")
-    accuracy = measure_accuracy(prog, held_out)
+    accuracy = qlower.measure_accuracy(prog, held_out)
     say(f"held-out digits: {accuracy.images} images")
-    say(f"  fp32 accuracy  {pct(accuracy.fp32)}")
-    say(f"  int8 accuracy  {pct(accuracy.program)}  ({args.target})")
-    report = verify_program(prog, [(held_out.inputs[0][:1],)])
+    say(f"  fp32 accuracy  {_percent(accuracy.fp32)}")
+    say(f"  int8 accuracy  {_percent(accuracy.program)}  ({args.target})")
+    report = qlower.verify_program(prog, [(held_out.inputs[0][:1],)])
     say(report.table())
     return 0 if report.ok else 1
 

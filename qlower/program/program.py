@@ -10,6 +10,7 @@ import numpy as np
 
 from qlower.ir import Graph, print_graph
 from qlower.ir.rewrite import AppliedRewrite
+from qlower.late import late
 from qlower.partition import HostDecision, Partition
 
 
@@ -49,19 +50,17 @@ class Program:
             return self.canonical
         return None if self.meta.get("rewrites") else self.source
 
-    # -- running (qlower/runtime executes; a Program only holds what it runs) -----
+    # -- running (qlower/runtime executes, a later stage: reached through qlower.late) -----
     def runner(self):
         """The executor of this program (built once): see ``qlower.runtime.runner_for``."""
         if self._runner is None:
-            from qlower.runtime import runner_for
-
-            self._runner = runner_for(self.target, self.graph, self.partitions, threads=self.meta.get("threads"))
+            self._runner = late("runner_for")(self.target, self.graph, self.partitions,
+                                              threads=self.meta.get("threads"))
         return self._runner
 
     def run(self, *inputs: Any) -> list[np.ndarray]:
         """Run on NumPy arrays or torch tensors (PyTorch layout, like the model); returns NumPy arrays."""
-        from qlower.runtime import as_numpy
-
+        as_numpy = late("as_numpy")
         return self.runner().run([as_numpy(x, f"input {i}") for i, x in enumerate(inputs)])
 
     # -- inspecting ---------------------------------------------------------------

@@ -40,7 +40,8 @@ from qlower.zoo._common import ZooModel
 from qlower.zoo.trained import LabelledData, held_out
 from qlower.zoo.trained import build as build_trained
 
-__all__ = ["LabelledData", "ZooModel", "default_size", "describe", "get", "held_out", "names", "trained_names"]
+__all__ = ["LabelledData", "ZooModel", "default_size", "describe", "get", "held_out", "names", "trained_description",
+           "trained_names"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +138,12 @@ def default_size(name: str) -> int | None:
 def trained_names() -> list[str]:
     """The models ``get(name, trained=True)`` takes."""
     return trained.names()
+
+
+def trained_description(name: str) -> str | None:
+    """What the trained version of ``name`` is (None for digits_cnn, trained as it is, or an untrained model)."""
+    recipe = trained.RECIPES.get(name)
+    return recipe.description if recipe else None
 
 
 def get(name: str, size: int | None = None, trained: bool = False) -> ZooModel:
