@@ -306,3 +306,31 @@ def test_the_differential_fuzzer_compares_with_the_original_graph(broken_litert)
     g, inputs = _chain()
     with pytest.raises(DifferentialMismatch, match="declared 1 by test.broken"):
         check_against_reference(g, inputs, "litert")
+
+
+def _conv_pair(w_zp: int = 0, clamp: tuple[int, int] | None = None, per_channel_one: bool = False) -> Graph:
+    """conv -> rescale [-> clamp] -> conv -> rescale: one run of tensors between the convolutions."""
+    b = GraphBuilder("pair")
+    c = 1 if per_channel_one else 3
+    x = b.input("x", TensorType((1, 4, 4, 2), DType.INT8, QuantSpec.per_tensor(0.05, 0)))
+    rng = np.random.default_rng(3)
+    wq = QuantSpec.per_channel((0.01,)) if per_channel_one else QuantSpec.per_tensor(0.01, w_zp)
+    w = b.constant(rng.integers(-127, 128, (c, 1, 1, 2)).astype(np.int8), wq)
+    bias = b.constant(rng.integers(-99, 99, (c,)).astype(np.int32), QuantSpec.per_tensor(0.0005, 0, DType.INT32))
+    y = b.op("rescale", b.op("conv2d", x, w, bias), out=QuantSpec.per_tensor(0.02, 0))
+    if clamp is not None:
+        y = b.op("clamp", y, min=clamp[0], max=clamp[1])
+    w2 = b.constant(rng.integers(-127, 128, (2, 1, 1, c)).astype(np.int8), QuantSpec.per_tensor(0.01, 0))
+    return b.build([b.op("rescale", b.op("conv2d", y, w2, None), out=QuantSpec.per_tensor(0.03, 0))])
+
+
+def test_widening_refuses_what_it_cannot_keep_exact():
+    """Found by the property test: a weight zero point (a padded zero code is not 0.0) and a clamp
+    that leaves out the zero point (the extra channels would not hold 0.0) end no run; a conv whose
+    one channel is per-channel quantized, its bias per tensor, widens exactly."""
+    assert len(runs(_conv_pair())) == 1
+    assert runs(_conv_pair(w_zp=3)) == [] and runs(_conv_pair(clamp=(2, 100))) == []
+    g = _conv_pair(per_channel_one=True)
+    [run] = runs(g)
+    x = np.random.default_rng(4).integers(-128, 128, (1, 4, 4, 2)).astype(np.int8)
+    check_declaration(ChannelWidening({run.name: 4}), FuzzCase(g, (x,)))

@@ -196,6 +196,7 @@ def widen(graph: Graph, widths: dict[str, int]) -> Graph:
         return graph
     producers = graph.producers()
     padded: dict[Value, np.ndarray] = {}   # weight / bias constant -> its padded data
+    per_channel_bias: set[Value] = set()     # biases of convolutions with per-channel weights
     for conv in {*out_width, *in_width}:
         w = np.asarray(producers[conv.operands[1]].attrs["data"])
         o, i = out_width.get(conv, w.shape[0]), in_width.get(conv, w.shape[3])
@@ -203,12 +204,18 @@ def widen(graph: Graph, widths: dict[str, int]) -> Graph:
         if conv.operands[2] is not None:
             padded[conv.operands[2]] = np.pad(np.asarray(producers[conv.operands[2]].attrs["data"]),
                                               (0, o - w.shape[0]))
+            if conv.operands[1].type.quant.is_per_channel:   # its bias too, though one channel may be per tensor
+                per_channel_bias.add(conv.operands[2])
 
     def rewrite(b: GraphBuilder, op: Op, operands) -> tuple[Value, ...] | None:
         if op.kind != "constant" or op.result not in padded:
             return None
         data = padded[op.result]
-        quant = _extended(op.attrs["quant"], data.shape[0] - op.result.type.shape[0])
+        quant = op.attrs["quant"]
+        if op.result in per_channel_bias and not quant.is_per_channel:
+            quant = dataclasses.replace(quant, scale=quant.scale * op.result.type.shape[0],
+                                        zero_point=quant.zero_point * op.result.type.shape[0], axis=0)
+        quant = _extended(quant, data.shape[0] - op.result.type.shape[0])
         return (b.constant(data, quant, name=op.result.name, origin=op.origin),)
 
     return rebuild(graph, rewrite)
