@@ -37,25 +37,22 @@ class Verdict:
         return self.ok
 
 
-EXECUTION_KINDS = ("simulated", "vulkan", "approximate")
-
-
 @dataclass(frozen=True)
 class Execution:
     """How a payload runs on this machine when that is not simply the target computing its own
     numbers; reports and ``qlower run`` print it.
 
-    ``kind``: "simulated" (another engine computes the target's numbers, e.g. an Ethos-U
-    partition on the TOSA reference model), "vulkan" (a VGF on a Vulkan device) or
-    "approximate" (a runtime known to differ from the reference, with the bound in ``detail``).
+    ``kind``: one word, one of the kinds the payload's backend declares (``Backend.execution_kinds``),
+    e.g. a partition simulated by another engine, or a runtime known to differ from the reference
+    (with the bound in ``detail``).
     """
 
     kind: str
     detail: str
 
     def __post_init__(self) -> None:
-        if self.kind not in EXECUTION_KINDS:
-            raise ValueError(f"execution kind {self.kind[:40]!r} is not one of {', '.join(EXECUTION_KINDS)}")
+        if not isinstance(self.kind, str) or not self.kind.isidentifier() or len(self.kind) > 40:
+            raise ValueError(f"execution kind {str(self.kind)[:40]!r} is not a word")
 
     @classmethod
     def parse(cls, text: Any) -> Execution:
@@ -70,43 +67,18 @@ class Execution:
 
 
 @dataclass(frozen=True)
-class TosaTensors:
-    """The tensor names of a TOSA graph's inputs and outputs, and of the intermediates its trace
-    graph appends to the outputs (``trace.tosa``), in order."""
-
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    trace: tuple[str, ...] = ()
-
-    @classmethod
-    def of(cls, meta: Any, n_inputs: int, n_outputs: int) -> TosaTensors:
-        """From a TOSA payload's metadata; ValueError unless it names one tensor per boundary value."""
-        if not isinstance(meta, dict):
-            raise ValueError("the TOSA metadata is not an object")
-        names = []
-        for key in ("input_tensors", "output_tensors", "trace_outputs"):
-            value = meta.get(key, [])
-            if not isinstance(value, (list, tuple)) or not all(isinstance(n, str) for n in value):
-                raise ValueError(f"TOSA {key} must be a list of names")
-            names.append(tuple(value))
-        if (len(names[0]), len(names[1])) != (n_inputs, n_outputs):
-            raise ValueError(f"the TOSA graph names {len(names[0])} inputs and {len(names[1])} outputs, the "
-                             f"payload has {n_inputs} and {n_outputs}")
-        return cls(*names)
-
-
-@dataclass(frozen=True)
 class Payload:
     """A lowered partition.
 
-    ``blobs``: the backend's artifacts by file name (e.g. ``"graph.tosa"``).
+    ``blobs``: the backend's artifacts by file name (e.g. ``"graph.bin"``).
     ``input_types`` / ``output_types``: what the payload really reads and writes,
     in the order of the subgraph's inputs and outputs.
     ``tensor_map``: payload tensor name -> name of the subgraph value it holds,
     so per-layer comparison reaches inside the partition.
     ``meta``: JSON-serialisable facts (profile, op counts, performance estimates); the
-    facts behaviour depends on are read through the typed views below, which ``check``
-    validates when a program file is loaded.
+    facts behaviour depends on are read through typed views (``execution`` here, the backend's
+    own elsewhere), which ``check`` and the backend's ``check_meta`` validate when a program
+    file is loaded.
     """
 
     backend: str
@@ -123,22 +95,11 @@ class Payload:
         text = self.meta.get("execution")
         return None if text is None else Execution.parse(text)
 
-    @property
-    def tosa_meta(self) -> dict[str, Any]:
-        """The metadata of the TOSA graph this payload runs: its own for a TOSA payload, the
-        nested ``meta["tosa"]`` for a payload that wraps one (Ethos-U, VGF)."""
-        return self.meta if self.backend == "tosa" else self.meta.get("tosa", {})
-
-    @property
-    def tosa_tensors(self) -> TosaTensors:
-        return TosaTensors.of(self.tosa_meta, len(self.input_types), len(self.output_types))
-
     def check(self) -> str | None:
-        """Why the typed views of ``meta`` can't be read (a program file's payload), or None."""
+        """Why the backend-independent views of ``meta`` can't be read (a program file's payload),
+        or None; its backend checks the rest (``Backend.check_meta``)."""
         try:
             _ = self.execution
-            if self.backend == "tosa" or "tosa" in self.meta:
-                _ = self.tosa_tensors
         except ValueError as e:
             return str(e)
         return None
@@ -149,13 +110,15 @@ class Backend(ABC):
 
     name: str
     targets: tuple[str, ...]
+    # the ``Execution`` kinds this backend's payloads may declare (a program file's others are refused)
+    execution_kinds: tuple[str, ...] = ()
 
     def rewrites(self, target: str) -> Sequence[Rewrite]:
         """The rewrites that give a program for ``target`` its form, in order (the default: none).
 
         A backend whose kernels compute an op's numbers one definite way may give the graph's ops
-        that meaning (LiteRT: the rounding of its fused requantization), or choose a cheaper form
-        (Ethos-U: a mean's form, an interpolated table). Each rewrite declares its bound against the
+        that meaning (the rounding of its fused requantization), or choose a cheaper form (a mean's
+        form, an interpolated table). Each rewrite declares its bound against the
         graph it receives (``qlower.ir.rewrite``); ``lower_graph`` verifies the IR after each and the
         program keeps both forms, so verification compares the target with its own form (exactly)
         and that form with the canonical program (within the declared bounds).
@@ -185,6 +148,16 @@ class Backend(ABC):
     @abstractmethod
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run a payload; inputs and outputs have the payload's boundary types."""
+
+    def check_meta(self, payload: Payload) -> str | None:
+        """Why the typed facts of ``payload``'s metadata, read from a program file, can't be read
+        (run before ``check_loaded``); None when they can. The default checks the execution kind
+        against ``execution_kinds``; a backend whose execution reads more of ``meta`` checks it too."""
+        problem = payload.check()
+        if problem is None and payload.execution is not None and payload.execution.kind not in self.execution_kinds:
+            problem = (f"execution kind {payload.execution.kind!r} is not one of the kinds backend {self.name!r} "
+                       f"declares ({', '.join(self.execution_kinds) or 'none'})")
+        return problem
 
     @abstractmethod
     def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
@@ -228,7 +201,7 @@ class _Undeclared(Rewrite):
 
 def check_payload_inputs(payload: Payload, inputs: Sequence[np.ndarray], what: str) -> list[np.ndarray]:
     """``inputs`` as contiguous arrays of the payload's input types (float inputs converted);
-    an InputError naming ``what`` (e.g. "the TOSA partition") and the input otherwise."""
+    an InputError naming ``what`` (e.g. "the partition") and the input otherwise."""
     types = payload.input_types
     if len(inputs) != len(types):
         raise InputError(f"{what} takes {len(types)} input(s), got {len(inputs)}")

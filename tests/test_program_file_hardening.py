@@ -251,7 +251,8 @@ def test_every_failure_is_a_qlower_error_and_saved_programs_round_trip(tmp_path)
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("execution", "teleported: somewhere", "execution kind 'teleported' is not one of"),
+    ("execution", "teleported: somewhere", "execution kind 'teleported' is not one of the kinds backend 'tosa' declares"),
+    ("execution", "tele ported: somewhere", "execution kind 'tele ported' is not a word"),
     ("execution", 7, "execution must be a string"),
     ("output_tensors", [], "the TOSA graph names 1 inputs and 0 outputs"),
     ("input_tensors", [3], "TOSA input_tensors must be a list of names"),

@@ -12,6 +12,7 @@ import pytest
 
 from qlower.backends.tosa.backend import GRAPH_BLOB
 from qlower.backends.tosa.consumer import TosaConsumer, simulated
+from qlower.backends.tosa.tensors import tosa_meta
 from qlower.contract import Execution, Payload, Verdict
 from qlower.errors import ExecutionError
 from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, verify_graph
@@ -59,7 +60,7 @@ def test_the_subclass_lowers_wraps_and_runs_simulated(lowered):
     assert set(payload.blobs) == {"graph.tosa", "trace.tosa", "commands.bin"}
     assert payload.blobs["commands.bin"] == payload.blobs["graph.tosa"][::-1]
     assert payload.execution == Execution("simulated", "TOSA reference model")
-    assert payload.tosa_meta["profile"] == "TOSA-1.0+INT" and payload.check() is None
+    assert tosa_meta(payload)["profile"] == "TOSA-1.0+INT" and payload.check() is None
     x = np.random.default_rng(0).integers(-128, 128, (1, 6, 6, 4)).astype(np.int8)
     want = run_graph(graph, [x])
     np.testing.assert_array_equal(EchoNpu().execute(payload, [x])[0], want[0])

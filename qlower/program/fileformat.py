@@ -380,7 +380,8 @@ def _dec_partition(x: Any, tensors: TensorReader, source_names: set[str], where:
     if (d["backend"], d["target"]) != (payload.backend, payload.target):
         raise fail(where, f"is for backend {str(d['backend'])[:40]!r} and target {str(d['target'])[:40]!r}, its "
                           f"payload for {payload.backend[:40]!r} and {payload.target[:40]!r}")
-    problem = payload.check() or _payload_backend(payload, where).check_loaded(sub, payload)
+    backend = _payload_backend(payload, where)
+    problem = payload.check() or backend.check_meta(payload) or backend.check_loaded(sub, payload)
     if problem is not None:
         raise fail(f"{where} payload", problem)
     values = tuple(as_str(v, f"{where} values") for v in as_list(d["values"], f"{where} values"))

@@ -56,6 +56,7 @@ _CACHE_SIZE = 16
 class LiteRtBackend(Backend):
     name = "litert"
     targets = ("litert",)
+    execution_kinds = ("approximate",)   # XNNPACK: a kernel family known to differ, with its bound
 
     def __init__(self, kernels: Kernels = "reference", threads: int | None = None):
         if kernels not in KERNELS:
@@ -97,7 +98,7 @@ class LiteRtBackend(Backend):
                   "tflite_ops": builtin_counts(model), "tflite_bytes": len(model),
                   "exact_kernels": rounding.exact_kernels(subgraph),
                   # as Ethos-U says its execution is simulated: `qlower run` prints it
-                  **({"execution": str(Execution("approximate", _EXACTNESS[self.kernels]))}
+                  **({"execution": str(Execution(self.execution_kinds[0], _EXACTNESS[self.kernels]))}
                      if self.kernels not in rounding.GUARANTEED else {})},
         )
 

@@ -17,6 +17,7 @@ from qlower.backends.tosa import executor
 from qlower.backends.tosa.lowering import Lowered, describe, emit_tosa
 from qlower.backends.tosa.serializer import TOSA_VERSION
 from qlower.backends.tosa.support import PROFILES, Profile, check, profile_for
+from qlower.backends.tosa.tensors import tensors_problem, tosa_tensors
 from qlower.backends.tosa.validate import Diagnostic, validate
 from qlower.contract import Backend, Payload, Verdict, check_payload_inputs
 from qlower.errors import CompileError, ExecutionError, QlowerError
@@ -80,6 +81,10 @@ class TosaBackend(Backend):
         )
         return payload, lowered
 
+    def check_meta(self, payload: Payload) -> str | None:
+        """Also the TOSA tensor names execution reads."""
+        return super().check_meta(payload) or tensors_problem(payload)
+
     def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
         """The payload must be exactly this lowering of ``subgraph`` (re-emitted: milliseconds,
         no tosa-opt), so the reference model only ever reads graphs qlower wrote and validated."""
@@ -115,7 +120,7 @@ class TosaBackend(Backend):
         (inputs, outputs and, with a trace graph, every mapped intermediate; not constants)."""
         arrays = check_payload_inputs(payload, inputs, "the TOSA partition")
         blob = payload.blobs.get(TRACE_BLOB, payload.blobs[GRAPH_BLOB])
-        tensors_of = payload.tosa_tensors
+        tensors_of = tosa_tensors(payload)
         names = tensors_of.outputs + (tensors_of.trace if TRACE_BLOB in payload.blobs else ())
         outputs = executor.run(blob, arrays, f"traced partition for {payload.target}")
         by_name = dict(zip(tensors_of.inputs, arrays)) | dict(zip(names, outputs))

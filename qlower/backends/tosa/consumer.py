@@ -20,22 +20,25 @@ from typing import Any
 import numpy as np
 
 from qlower.backends.tosa.backend import GRAPH_BLOB, TRACE_BLOB, TosaBackend
+from qlower.backends.tosa.tensors import tensors_problem, tosa_meta
 from qlower.contract import Backend, Execution, Payload
 from qlower.errors import ExecutionError
 from qlower.ir import Graph, TensorType
 
 SIMULATOR = "TOSA reference model"
+SIMULATED = "simulated"   # the execution kind of a payload run on SIMULATOR
 
 
 def simulated(reason: str | None = None) -> Execution:
     """The execution of a payload whose TOSA graph runs on the TOSA reference model instead."""
-    return Execution("simulated", SIMULATOR + (f" (reason: {reason})" if reason else ""))
+    return Execution(SIMULATED, SIMULATOR + (f" (reason: {reason})" if reason else ""))
 
 
 class TosaConsumer(Backend):
     """A backend whose payloads wrap a TOSA payload (see the module docstring)."""
 
     title: str                                    # the accelerator, for messages ("Ethos-U", "VGF")
+    execution_kinds: tuple[str, ...] = (SIMULATED,)
     compiler_blobs: tuple[str, ...] = ()          # what its compiler writes beside graph.tosa
 
     @functools.cached_property
@@ -62,7 +65,11 @@ class TosaConsumer(Backend):
                                  "with; recompile the program")
         blobs = {name: payload.blobs[name] for name in (GRAPH_BLOB, TRACE_BLOB) if name in payload.blobs}
         return Payload(self.tosa.name, self.tosa_profile(payload.target), blobs, payload.input_types,
-                       payload.output_types, dict(payload.tensor_map), dict(payload.tosa_meta))
+                       payload.output_types, dict(payload.tensor_map), dict(tosa_meta(payload)))
+
+    def check_meta(self, payload: Payload) -> str | None:
+        """Also the names of the nested TOSA graph's tensors, which simulation reads."""
+        return super().check_meta(payload) or tensors_problem(payload)
 
     def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
         """Every blob must be there, and the TOSA graph that may run here must be exactly qlower's

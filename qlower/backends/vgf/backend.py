@@ -36,7 +36,8 @@ import numpy as np
 
 from qlower.backends.tosa.backend import GRAPH_BLOB as GRAPH_TOSA
 from qlower.backends.tosa.backend import TRACE_BLOB as TRACE_TOSA
-from qlower.backends.tosa.consumer import TosaConsumer, simulated
+from qlower.backends.tosa.consumer import SIMULATED, TosaConsumer, simulated
+from qlower.backends.tosa.tensors import tosa_tensors
 from qlower.backends.vgf.container import VgfModel, VgfTensor, read_vgf
 from qlower.backends.vgf.converter import tosa_to_vgf
 from qlower.backends.vgf.runner import TensorSpec, VulkanUnavailable, run_vgf, specs_from_meta
@@ -146,6 +147,7 @@ def _convert(tosa: bytes, subgraph: Graph, tosa_meta: dict, profile: str):
 class VgfBackend(TosaConsumer):
     name = "vgf"
     title = "VGF"
+    execution_kinds = (SIMULATED, VULKAN)
     targets = tuple(PROFILES)
     compiler_blobs = (MODEL_VGF,)
 
@@ -209,7 +211,7 @@ class VgfBackend(TosaConsumer):
         if TRACE_TOSA in tosa.blobs:
             traced = _convert(tosa.blobs[TRACE_TOSA], subgraph, tosa.meta, profile)
             trace_model = read_vgf(traced.vgf)
-            names = list(tosa.tosa_tensors.outputs + tosa.tosa_tensors.trace)
+            names = list(tosa_tensors(tosa).outputs + tosa_tensors(tosa).trace)
             if len(trace_model.inputs) != len(subgraph.inputs) or len(trace_model.outputs) != len(names):
                 raise CompileError(f"the trace VGF of partition '{subgraph.name}' has {len(trace_model.outputs)} "
                                    f"outputs, its TOSA graph {len(names)}")
@@ -242,7 +244,7 @@ class VgfBackend(TosaConsumer):
         or for a simulated payload from the TOSA reference model. Same contract as the TOSA backend."""
         if not self._runs_on_vulkan(payload):
             return super().execute_traced(payload, inputs, tensors)
-        names = payload.tosa_tensors
+        names = tosa_tensors(payload)
         arrays = _without_nan(check_payload_inputs(payload, inputs, "the VGF partition"))
         outputs_named = list(names.outputs)
         try:
