@@ -9,7 +9,8 @@ Static mode (``QuantConfig.mode == "static"``):
   with scale ``s_in * s_w[c]``). A single relu / relu6 / hardtanh / clamp user is
   fused: no q/dq between the op and the activation.
 - add / sub / mul / div: activation operands quantized, constant operands (buffers,
-  parameters, literals) left float so the importer can represent them exactly.
+  parameters, literals) left float so the importer can represent them exactly. An op reading or
+  giving an integer tensor is left alone: it keeps PyTorch's integer semantics (rules/integer.py).
 - concat and pass-through ops (reshape, permute, max_pool2d, slice, pad, ...) share
   one quantization domain with their inputs (SharedQuantizationSpec); pass-through
   ops on constants are left alone (the constant is quantized where it is used).
@@ -74,7 +75,7 @@ BINARY = {aten.add, aten.add_, aten.sub, aten.sub_, aten.mul, aten.mul_, aten.di
 CONCAT = {aten.cat, aten.concat, aten.stack}
 SHARED = {
     aten.view, aten.reshape, aten._unsafe_view, aten.flatten, aten.permute, aten.transpose, aten.t,
-    aten.max_pool2d, aten.slice, aten.select, aten.pad, aten.constant_pad_nd, aten.squeeze,
+    aten.max_pool2d, aten.slice, aten.select, aten.select_copy, aten.pad, aten.constant_pad_nd, aten.squeeze,
     aten.unsqueeze, aten.alias, aten.contiguous, aten.clone, aten.dropout, aten.expand, aten.detach, aten.unflatten,
     aten.upsample_nearest2d,
 }
@@ -82,7 +83,7 @@ SHARED = {
 SHARED |= {aten.flip, aten.roll, aten.repeat, aten.index_select, aten.index, aten.gather, aten.reflection_pad1d,
            aten.reflection_pad2d, aten.replication_pad1d, aten.replication_pad2d}
 # several results, read through getitem nodes, each in the input's domain
-SPLIT = {aten.split, aten.split_with_sizes, aten.unbind}
+SPLIT = {aten.split, aten.split_with_sizes, aten.split_copy, aten.split_with_sizes_copy, aten.unbind}
 # a constant table read at integer ids: the table quantized per tensor, the rows read keep its domain
 LOOKUP = {aten.embedding}
 OWN_OUTPUT = {
@@ -337,6 +338,8 @@ class QlowerQuantizer(Quantizer):
             elif p in MATMUL:
                 _annotate(n, {a: act for a in n.args[:2] if isinstance(a, Node)}, act)
             elif p in BINARY and n not in const:  # constant arithmetic is folded at import
+                if not all(_is_float(a) for a in (n, *n.args[:2]) if isinstance(a, Node)):
+                    continue  # integer tensors keep PyTorch's integer semantics (rules/integer.py)
                 inputs = {a: act for a in n.args[:2] if isinstance(a, Node) and a not in const}
                 fused = self._fusable_activation(n) if p not in (aten.mul, aten.mul_, aten.div, aten.div_) else None
                 _annotate(n, inputs, None if fused else act)

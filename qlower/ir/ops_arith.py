@@ -60,7 +60,9 @@ def _additive(kind):
         if qa.is_per_channel or qa != qb:
             raise fail(kind, f"int32 operands must share one per-tensor quantization, got {qa} and {qb}")
         return (TensorType(shape, DType.INT32, qa),)
-    infer.__doc__ = f"Elementwise {kind} with broadcasting; int32 operands share one scale."
+    infer.__doc__ = (f"Elementwise {kind} with broadcasting; int32 operands share one scale. Plain integers "
+                     "(scale 1, zero point 0) wrap around on overflow like PyTorch's integer tensors; any other "
+                     "integer result must fit its dtype.")
     return infer
 
 
@@ -70,7 +72,8 @@ register("sub", ("a", "b"))(_additive("sub"))
 
 @register("mul", ("a", "b"), shift=0)
 def _mul(ops, attrs):
-    """Elementwise product; int32: ``round(a * b / 2**shift)``, scale s_a * s_b * 2**shift."""
+    """Elementwise product; int32: ``round(a * b / 2**shift)``, scale s_a * s_b * 2**shift. A plain integer
+    product (scale 1, zero point 0) wraps around on overflow like PyTorch's integer tensors."""
     a, b, shape = _binary("mul", ops)
     if is_float(a):
         require_float("mul", a, b)

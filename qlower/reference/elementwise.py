@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from qlower.ir import Op, requant
+from qlower.ir import DType, Op, requant
 from qlower.reference.registry import kernel
 
 
@@ -27,14 +27,25 @@ def _is_int(op: Op) -> bool:
     return op.result.type.quant is not None
 
 
+def wraps(op: Op) -> bool:
+    """Plain int32 add / sub / mul: PyTorch's integer tensors, which wrap around on overflow (two's
+    complement). Every other integer result (codes, accumulators) must fit: overflow is an error."""
+    q = op.result.type.quant
+    return q is not None and q.dtype is DType.INT32 and q.is_plain_integer
+
+
+def wrapped(op: Op, r: np.ndarray) -> np.ndarray:
+    return ((r + 2**31) & (2**32 - 1)) - 2**31 if wraps(op) else r
+
+
 @kernel("add")
 def _add(op: Op, a, b):
-    return a.astype(np.int64) + b if _is_int(op) else (a + b).astype(np.float32)
+    return wrapped(op, a.astype(np.int64) + b) if _is_int(op) else (a + b).astype(np.float32)
 
 
 @kernel("sub")
 def _sub(op: Op, a, b):
-    return a.astype(np.int64) - b if _is_int(op) else (a - b).astype(np.float32)
+    return wrapped(op, a.astype(np.int64) - b) if _is_int(op) else (a - b).astype(np.float32)
 
 
 @kernel("mul")
@@ -45,7 +56,7 @@ def _mul(op: Op, a, b):
     shift = op.attrs["shift"]
     if shift > 0:  # TOSA MUL: round half up, then arithmetic shift
         prod = (prod + requant.mul_rounding(shift)) >> shift
-    return prod
+    return wrapped(op, prod)
 
 
 @kernel("intdiv")

@@ -1,7 +1,8 @@
 """The reference interpreter: the single definition of what every IR op means.
 
 Integer results are computed in int64 and must fit their dtype: an int32
-accumulator that would overflow is an error here, never a silent wrap.
+accumulator that would overflow is an error here, never a silent wrap. Only
+plain integer add / sub / mul (PyTorch's integer tensors) wrap, as PyTorch does.
 """
 
 from __future__ import annotations

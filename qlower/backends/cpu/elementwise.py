@@ -2,7 +2,8 @@
 
 Integer ops are computed in int64 and checked to fit int32, exactly as the
 reference interpreter (TOSA 1.0 semantics: MUL rounds half up before its shift,
-INTDIV truncates toward zero). Float ops use float32 for +, -, * (IEEE, hence
+INTDIV truncates toward zero); plain int32 add, sub and mul wrap around like
+PyTorch's integer tensors. Float ops use float32 for +, -, * (IEEE, hence
 identical to NumPy); the transcendental ops and softmax call the reference's kernels.
 """
 
@@ -14,6 +15,7 @@ from qlower.backends.cpu.context import BuildContext, Kernel, builder, by_refere
 from qlower.backends.cpu.tensor_utils import check_int32, execution_error
 from qlower.errors import UnsupportedOpError
 from qlower.ir import Op, requant
+from qlower.reference.elementwise import wraps
 
 
 @builder("clamp")
@@ -27,6 +29,12 @@ def _clamp(op: Op, ctx: BuildContext) -> Kernel:
 
 
 def _int_binary(op: Op, fn) -> Kernel:
+    if op.kind in ("add", "sub", "mul") and wraps(op):
+        def wrap(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            r = fn(a.to(torch.int64), b.to(torch.int64))
+            return torch.bitwise_and(r + 2**31, 2**32 - 1).sub_(2**31).to(torch.int32)
+        return wrap
+
     def run(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         r = fn(a.to(torch.int64), b.to(torch.int64))
         check_int32(op, r)

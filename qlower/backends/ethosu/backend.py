@@ -102,9 +102,13 @@ def aliased_outputs(graph: Graph, every: bool = False) -> set[Value]:
     return aliased
 
 
+RESCALE_COPY_BOUND = 2**29   # TOSA's apply_scale_32 with shift 30 requires |value| < 2^29
+
+
 def materialize_aliased_outputs(graph: Graph, every: bool = False) -> Graph:
     """Give every aliased output (see ``aliased_outputs``) its own buffer: an exact identity
-    RESCALE (same scale and zero point, multiplier 2^30 >> 30), which the NPU runs as a copy."""
+    RESCALE (same scale and zero point, multiplier 2^30 >> 30), which the NPU runs as a copy;
+    int32 values beyond that RESCALE's input range (plain integers) get a clamp to their own range."""
     aliased = aliased_outputs(graph, every)
     if not aliased:
         return graph
@@ -112,7 +116,10 @@ def materialize_aliased_outputs(graph: Graph, every: bool = False) -> Graph:
     def copy(b: GraphBuilder, old: Value, new: Value) -> Value:
         if old not in aliased:
             return new
-        return b.op("rescale", new, out=new.type.quant, name=f"{old.name}_copy")
+        q = new.type.quant
+        if q.qmin < -RESCALE_COPY_BOUND or q.qmax >= RESCALE_COPY_BOUND:
+            return b.op("clamp", new, min=q.qmin, max=q.qmax, name=f"{old.name}_copy")
+        return b.op("rescale", new, out=q, name=f"{old.name}_copy")
 
     return rebuild(graph, lambda b, op, operands: None, finish=copy)
 

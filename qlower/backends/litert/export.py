@@ -42,6 +42,7 @@ from qlower.backends.litert.fused_add import AddGroup, add_groups
 from qlower.backends.litert.ranges import CodeRanges, table_span
 from qlower.errors import UnsupportedOpError
 from qlower.ir import DType, Graph, Op, TensorType, Value, requant
+from qlower.reference.elementwise import wraps
 from qlower.reference.pooling import pool_counts, reciprocal_scale
 
 GEMMS = ("conv2d", "fully_connected", "matmul")
@@ -262,11 +263,16 @@ def _emit_fused(ex: _Export, gemm: Op, rescale: Op) -> None:
         bias_scale = tuple(float(np.float32(np.float64(xq.scale[0]) * s)) for s in wq.scale)   # as the weights'
         inputs.append(b.const(bias_v.name if bias_v is not None else f"{gemm.result.name}/bias", bias_data, "int32",
                               emit.Quant(bias_scale, (0,) * len(bias_scale), 0)))
-    name = rescale.result.name if covered else f"{rescale.result.name}/acc"
-    out = b.op(code, inputs, name, rescale.result.shape, "int8", tflite_quant(rescale.result.type), opts)
+    shape, quant = rescale.result.shape, tflite_quant(rescale.result.type)
+    # FULLY_CONNECTED writes [1, n] for a rank-1 input: computed as such, then reshaped to [n]
+    flat = len(shape) == 1
+    final = f"{rescale.result.name}/2d" if flat else rescale.result.name
+    name = final if covered else f"{rescale.result.name}/acc"
+    out = b.op(code, inputs, name, (1, *shape) if flat else shape, "int8", quant, opts)
     if not covered:
-        out = b.clamp(out, np.int8(out_spec.qmin), np.int8(out_spec.qmax), rescale.result.name,
-                      tflite_quant(rescale.result.type))
+        out = b.clamp(out, np.int8(out_spec.qmin), np.int8(out_spec.qmax), final, quant)
+    if flat:
+        out = ex._reshape(out, shape, rescale.result.name, quant)
     ex.bind(rescale.result, out)
 
 
@@ -405,6 +411,9 @@ def _dequantize(ex: _Export, op: Op) -> None:
 def _same_domain_binary(code: int) -> Callable[[_Export, Op], None]:
     def run(ex: _Export, op: Op) -> None:
         a, bv = op.operands
+        if wraps(op):  # signed overflow in TFLite's int32 kernels is C++ undefined behaviour, not a wrap
+            raise NotExact("plain int32 arithmetic wraps around on overflow in PyTorch; TFLite's int32 "
+                           f"{op.kind.upper()} does not define overflow: stays on the host")
         if op.result.type.dtype is DType.FLOAT32 or op.result.type.dtype is DType.INT32:
             ex.result(op, code, [ex.value(a), ex.value(bv)], _binary_options(code))
         else:   # narrow codes: compute on int32 (no TFLite requantization), then narrow exactly
@@ -419,7 +428,7 @@ def _binary_options(code: int):
 
 def _mul(ex: _Export, op: Op) -> None:
     shift = op.attrs["shift"]
-    if op.result.type.quant is None or shift == 0:
+    if op.result.type.quant is None or shift == 0 or wraps(op):
         return _same_domain_binary(B.MUL)(ex, op)
     b, name = ex.b, op.result.name
     p = b.binary(B.MUL, ex.plain(op.operands[0], "int64"), ex.plain(op.operands[1], "int64"), f"{name}/p")

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from qlower.errors import CompileError
 from qlower.ir import DType, Op, TensorType, requant
 from qlower.reference.aten_fallback import fallback_reason
+from qlower.reference.elementwise import wraps
 from qlower.registry import Registry
 
 MAX_RANK = 6          # TOSA 1.0 level 8K
@@ -177,11 +178,22 @@ def _rescale(op: Op, profile: Profile) -> str | None:
     return None
 
 
+WRAP_REASON = ("plain int32 arithmetic wraps around on overflow in PyTorch, while TOSA 1.0 {} requires an int32 "
+               "result in range (an overflow is an error in the reference model): stays on the host")
+
+
 @_check("mul")
 def _mul(op: Op, profile: Profile) -> str | None:
+    if wraps(op):
+        return WRAP_REASON.format("MUL")
     if op.result.type.dtype is DType.INT32 and not 0 <= op.attrs["shift"] <= MAX_MUL_SHIFT:
         return f"shift {op.attrs['shift']}: TOSA MUL shifts by 0..{MAX_MUL_SHIFT}"
     return None
+
+
+@_check("add", "sub")
+def _additive(op: Op, profile: Profile) -> str | None:
+    return WRAP_REASON.format(op.kind.upper()) if wraps(op) else None
 
 
 @_check("pad")
@@ -252,7 +264,7 @@ def _yes(op: Op, profile: Profile) -> str | None:
     return None
 
 
-for _kind in ("add", "sub", "intdiv", "concat", "reshape", "transpose", "slice", "reduce_sum",
+for _kind in ("intdiv", "concat", "reshape", "transpose", "slice", "reduce_sum",
               "reduce_max", "reduce_min", "table", "table_interp", "dequantize", "cast", "sigmoid", "tanh", "exp",
               "erf", "reciprocal", "softmax", "minimum", "maximum", "equal", "greater", "greater_equal", "select", "logical_and",
               "logical_or", "logical_xor", "logical_not"):

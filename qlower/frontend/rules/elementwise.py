@@ -22,7 +22,7 @@ import torch
 
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.quantizer import packet
-from qlower.frontend.rules import register
+from qlower.frontend.rules import integer, register
 from qlower.ir import DType, QuantSpec
 from qlower.ir.add_domain import ADD_SHIFT, add_domain_scale
 
@@ -68,6 +68,10 @@ def _per_tensor_scale(ctx: ImportContext, r: Ref) -> float:
 @register(aten.add, aten.add_, aten.sub, aten.sub_)
 def add_sub(ctx: ImportContext, node, input, other, alpha=1, **_):
     kind = "sub" if packet(node) in (aten.sub, aten.sub_) else "add"
+    if integer.involved(input, other):
+        if not integer.float_result(node):
+            return integer.arithmetic(ctx, node, kind, input, other, alpha)
+        input, other = integer.as_floats(ctx, input, other)
     refs = [_float_ref(ctx, operand(input)), _float_ref(ctx, operand(other))]
     if alpha != 1:
         refs[1] = _times_alpha(ctx, refs[1], alpha)
@@ -123,6 +127,12 @@ def exact_multiplier(ctx: ImportContext, c: np.ndarray, rank: int) -> Ref:
 @register(aten.mul, aten.mul_, aten.div, aten.div_)
 def mul_div(ctx: ImportContext, node, input, other, rounding_mode=None, **_):
     divide = packet(node) in (aten.div, aten.div_)
+    if integer.involved(input, other):
+        if divide:  # a multiply by the reciprocal isn't PyTorch's correctly rounded quotient
+            raise ctx.unsupported("division of integer tensors runs as the PyTorch op itself on the host")
+        if not integer.float_result(node):
+            return integer.arithmetic(ctx, node, "mul", input, other)
+        input, other = integer.as_floats(ctx, input, other)
     a, b = _float_ref(ctx, operand(input)), _float_ref(ctx, operand(other))
     if divide:
         if rounding_mode is None and _static_quantized(b) and (_static_quantized(a) or a.is_float_const):
@@ -209,6 +219,8 @@ def _code(ctx: ImportContext, v: float | None, spec: QuantSpec, default: int) ->
 
 
 def clamp_to(ctx: ImportContext, x: Ref, lo: float | None, hi: float | None) -> Ref:
+    if integer.is_plain(x):
+        return integer.clamp(ctx, ctx.node, x, lo, hi)
     x = _float_ref(ctx, x)
     if _static_quantized(x):
         value, out = ctx.value_in(x), ctx.out_spec()

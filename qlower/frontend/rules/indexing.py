@@ -79,7 +79,7 @@ def gather_constant(ctx: ImportContext, x: Ref, d: int, index: np.ndarray) -> Re
 
 # -- several results ------------------------------------------------------------------------
 
-@register(aten.split, aten.split_with_sizes)
+@register(aten.split, aten.split_with_sizes, aten.split_copy, aten.split_with_sizes_copy)  # _copy: not views
 def split(ctx: ImportContext, node, input: Ref, split_size=None, split_sizes=None, dim=0, **_):
     x = _movable(ctx, input)
     d = layout.normalize_axis(dim, x.rank)

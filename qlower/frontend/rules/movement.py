@@ -118,7 +118,7 @@ def slice_(ctx: ImportContext, node, input: Ref, dim=0, start=None, end=None, st
     return slice_along(ctx, input, dim, s0, max(s1, s0), st)
 
 
-@register(aten.select)
+@register(aten.select, aten.select_copy)  # select_copy: the same values, never a view
 def select(ctx: ImportContext, node, input: Ref, dim, index, **_):
     d = layout.normalize_axis(dim, input.rank)
     i = index % input.torch_shape[d]
