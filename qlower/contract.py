@@ -9,7 +9,7 @@ NumPy arrays.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +105,11 @@ class Payload:
         return None
 
 
+# Writes a whole program as one deployable file: (the program's source graph, its partitions'
+# payloads, a description to embed) -> the file's bytes; UnsupportedOpError names an op it can't write.
+Exporter = Callable[[Graph, Sequence[Payload], str], bytes]
+
+
 class Backend(ABC):
     """One code generator. ``targets`` lists the target names it compiles for."""
 
@@ -148,6 +153,13 @@ class Backend(ABC):
     @abstractmethod
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run a payload; inputs and outputs have the payload's boundary types."""
+
+    @classmethod
+    def exporters(cls, target: str) -> Mapping[str, Exporter]:
+        """The file formats a program compiled for ``target`` exports to (``Program.export``), format
+        name -> exporter. The default: none of its own (a format some backend writes for programs
+        of any target still applies, see ``qlower.backends.registry.exporter_for``)."""
+        return {}
 
     def check_meta(self, payload: Payload) -> str | None:
         """Why the typed facts of ``payload``'s metadata, read from a program file, can't be read

@@ -28,6 +28,51 @@ def test_the_probe_sees_target_names():
     assert target_words("ethos-u55-128") >= {"ethos-u55-128"} and target_words("tosa_meta") == set()
 
 
-@pytest.mark.parametrize("module", ["contract.py"])
+@pytest.mark.parametrize("module", ["contract.py", "program/program.py"])
 def test_shared_modules_hold_no_target_knowledge(module):
     assert target_words((PACKAGE / module).read_text()) == set()
+
+
+def _graph():
+    from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
+
+    b = GraphBuilder()
+    x = b.input("x", TensorType((1, 4, 4, 2), DType.INT8, QuantSpec.per_tensor(0.1, 1)))
+    y = b.op("max_pool2d", x, kernel=(2, 2), stride=(2, 2), pad=(0, 0, 0, 0), name="y")
+    return verify_graph(b.build([y]))
+
+
+@pytest.fixture(scope="module")
+def programs():
+    from qlower.api import lower_graph
+
+    return {t: lower_graph(_graph(), t) for t in ("reference", "litert", "tflm")}
+
+
+def test_export_writes_what_the_targets_backend_declares(programs, tmp_path):
+    from qlower.backends.litert import export_tflite
+    from qlower.backends.tflm import export_tflm
+
+    def written(target):
+        with open(programs[target].export(tmp_path / f"{target}.tflite"), "rb") as f:
+            return f.read()
+
+    src = {t: p.source for t, p in programs.items()}
+    assert written("tflm") == export_tflm(src["tflm"], description="qlower program for tflm")
+    assert written("litert") == export_tflite(src["litert"], description="qlower program for litert")
+    # a target that declares no tflite exporter gets the one every program gets
+    assert written("reference") == export_tflite(src["reference"], description="qlower program for reference")
+
+
+def test_a_backend_adds_a_format_by_declaring_it(programs, tmp_path, monkeypatch):
+    from qlower.backends.tflm import TflmBackend
+
+    monkeypatch.setattr(TflmBackend, "exporters",
+                        classmethod(lambda cls, target: {"probe": lambda src, payloads, text: text.encode()}))
+    assert programs["tflm"].export_formats() == ["probe", "tflite"]
+    assert programs["reference"].export_formats() == ["tflite"]
+    path = programs["tflm"].export(tmp_path / "m.probe", format="probe")
+    assert open(path, "rb").read() == b"qlower program for tflm"
+    with pytest.raises(ValueError, match="unknown export format 'probe'; formats: tflite"):
+        programs["reference"].export(tmp_path / "r.probe", format="probe")
+    assert not (tmp_path / "r.probe").exists()

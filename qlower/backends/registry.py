@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from qlower.backends.options import check_options, option_types
-from qlower.contract import Backend
+from qlower.contract import Backend, Exporter
 from qlower.errors import ConfigError, UnknownTargetError
 
 # target -> (module, class); "reference" and "cpu" run the whole graph on the host.
@@ -104,3 +104,28 @@ def backend_for(target: str, options: Mapping[str, Any] | None = None) -> Backen
     ``system_config``); an unknown one is a ConfigError that lists the known ones."""
     backend_cls = _backend_class(target, options)
     return None if backend_cls is None else backend_cls(**(options or {}))
+
+
+# format -> the target whose exporter writes that format for a program of any target that declares
+# none of its own (a .tflite of builtin operators: LiteRT's whole-program form runs any program)
+_ANY_PROGRAM_FORMATS: dict[str, str] = {"tflite": "litert"}
+
+
+def export_formats(target: str) -> list[str]:
+    """The formats a program compiled for ``target`` exports to."""
+    backend_cls = _backend_class(target, None)
+    own = backend_cls.exporters(target) if backend_cls is not None else {}
+    return sorted(set(own) | set(_ANY_PROGRAM_FORMATS))
+
+
+def exporter_for(target: str, format: str) -> Exporter:
+    """The exporter writing a program compiled for ``target`` in ``format``: the one its backend
+    declares, else the one every program gets; a ValueError listing the formats otherwise."""
+    backend_cls = _backend_class(target, None)
+    own = backend_cls.exporters(target) if backend_cls is not None else {}
+    if format in own:
+        return own[format]
+    home = _ANY_PROGRAM_FORMATS.get(format) if isinstance(format, str) else None
+    if home is None:
+        raise ValueError(f"unknown export format {format!r}; formats: {', '.join(export_formats(target))}")
+    return _backend_class(home, None).exporters(home)[format]

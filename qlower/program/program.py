@@ -133,28 +133,25 @@ class Program:
         return print_graph(self.graph)
 
     # -- saving -------------------------------------------------------------------
-    EXPORT_FORMATS = ("tflite",)
+    EXPORT_FORMATS = ("tflite",)   # the formats every program exports to; ``export_formats()``: this one's
+
+    def export_formats(self) -> list[str]:
+        """The formats ``export`` writes this program in: its backend's own and every program's."""
+        from qlower.backends.registry import export_formats
+
+        return export_formats(self.target)
 
     def export(self, path: str | os.PathLike, format: str = "tflite") -> str:
         """Write the whole program (host ops, every partition's ops, float fallbacks) as one deployable
-        model file; returns its path. ``"tflite"``: a TFLite schema-3 flatbuffer of builtin operators
-        that the stock LiteRT interpreter runs (UnsupportedOpError names an op with no TFLite form).
-        Its numbers are the reference interpreter's under the LiteRT kernels whose rounding the program
-        has (compile for target ``litert`` with the ``kernels`` you deploy; the reference kernels by default);
-        a program compiled with ``kernels="xnnpack"`` writes XNNPACK's own forms, approximate as that payload."""
-        if format not in self.EXPORT_FORMATS:
-            raise ValueError(f"unknown export format {format!r}; formats: {', '.join(self.EXPORT_FORMATS)}")
-        from qlower.backends.litert.export import export_tflite
+        model file; returns its path. The target's backend declares the formats and how it writes
+        them (``Backend.exporters``); ``"tflite"`` (every program) is a TFLite schema-3 flatbuffer
+        computing the program's numbers under the kernels whose rounding it has. UnsupportedOpError
+        names an op the format can't hold, with its source line."""
+        from qlower.backends.registry import exporter_for
         from qlower.program.fileformat import write_atomically
 
-        if self.target == "tflm":   # TFLM's kernels only, with their rounding (backends/tflm/export.py)
-            from qlower.backends.tflm.export import export_tflm
-
-            data = export_tflm(self.source, description="qlower program for tflm")
-        else:
-            # a program compiled for XNNPACK exports the forms its LiteRT partition runs
-            native = any(p.payload.meta.get("forms") == "native" for p in self.partitions)
-            data = export_tflite(self.source, description=f"qlower program for {self.target}", native=native)
+        exporter = exporter_for(self.target, format)
+        data = exporter(self.source, [p.payload for p in self.partitions], f"qlower program for {self.target}")
         write_atomically(path, data)
         return os.fspath(path)
 

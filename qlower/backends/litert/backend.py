@@ -34,7 +34,7 @@ from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, uns
 from qlower.backends.litert.fused_add import TfliteAdd, add_groups
 from qlower.backends.litert.verify import builtin_counts, loaded_payload_problem, model_description, verify_tflite
 from qlower.backends.threads import available_cores, check_threads
-from qlower.contract import Backend, Execution, Payload, Verdict, check_payload_inputs
+from qlower.contract import Backend, Execution, Exporter, Payload, Verdict, check_payload_inputs
 from qlower.errors import ConfigError, ExecutionError, InputError
 from qlower.ir import Graph, Op
 from qlower.ir.rewrite import Rewrite
@@ -53,10 +53,21 @@ _EXACTNESS = {
 _CACHE_SIZE = 16
 
 
+def export_program(source: Graph, payloads: Sequence[Payload], description: str) -> bytes:
+    """The program as one .tflite (the ``tflite`` export of every target without its own): a program
+    compiled for XNNPACK writes the forms its LiteRT partition runs."""
+    native = any(p.backend == LiteRtBackend.name and p.meta.get("forms") == "native" for p in payloads)
+    return export_tflite(source, description=description, native=native)
+
+
 class LiteRtBackend(Backend):
     name = "litert"
     targets = ("litert",)
     execution_kinds = ("approximate",)   # XNNPACK: a kernel family known to differ, with its bound
+
+    @classmethod
+    def exporters(cls, target: str) -> dict[str, Exporter]:
+        return {"tflite": export_program}
 
     def __init__(self, kernels: Kernels = "reference", threads: int | None = None):
         if kernels not in KERNELS:

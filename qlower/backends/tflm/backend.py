@@ -21,7 +21,7 @@ from qlower.backends.litert.verify import builtin_counts, verify_tflite
 from qlower.backends.tflm import runner
 from qlower.backends.tflm.export import export_tflm, op_reasons
 from qlower.backends.tflm.rounding import with_tflm_rounding
-from qlower.contract import Backend, Payload, Verdict, check_payload_inputs
+from qlower.contract import Backend, Exporter, Payload, Verdict, check_payload_inputs
 from qlower.errors import ExecutionError, InputError, InvalidProgramError
 from qlower.ir import Graph, Op
 
@@ -36,6 +36,11 @@ def description(subgraph: Graph) -> str:
 class TflmBackend(Backend):
     name = "tflm"
     targets = ("tflm",)
+
+    @classmethod
+    def exporters(cls, target: str) -> dict[str, Exporter]:
+        """``tflite``: the whole program of TFLM's kernels only, with their rounding (export.py)."""
+        return {"tflite": lambda source, payloads, text: export_tflm(source, description=text)}
 
     def __init__(self) -> None:
         self._reasons: dict[int, str] = {}
