@@ -68,8 +68,10 @@ def test_zoo_model_runs_whole_on_tflm_bit_exact(name, tmp_path: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["s0_dynamic_biasless", "s1_conv_relu_cat", "s4_attention"])
+@pytest.mark.parametrize("name", ["s0_dynamic_biasless", "s1_conv_relu_cat", "s4_attention", "vit_block"])
 def test_scenario_is_bit_exact_on_tflm(name):
+    """Partly on TFLM: host ops (BATCH_MATMUL, wide int32 requantization, dynamic quantization) split the
+    fused forms of some ADDs and GEMMs; the split pieces stay on the host too (settle.py)."""
     prog, example, _ = _compile(name)
     assert prog.partitions, "some of the scenario runs on TFLM"
     for seed in range(2):
@@ -145,3 +147,14 @@ def test_corrupt_payloads_are_errors_with_a_reason_never_a_dead_process():
                                                             "blobs": {MODEL_BLOB: bytes(flipped)}}))
     huge = Payload(**{**payload.__dict__, "meta": {**payload.meta, "arena_bytes": 1 << 40}})
     assert "arena_bytes" in backend.check_loaded(sub, huge)
+
+
+@pytest.mark.slow
+def test_verify_compares_tflm_per_layer_inside_the_partition():
+    model, example, cfg, calibration = zoo.get("tiny_cnn", size=16)
+    report = qlower.verify(model, example, target="tflm", quant=cfg, calibration=calibration)
+    assert report.ok, str(report)
+    assert "tflm.kernel_rounding" in str(report)
+    rows = report.as_dict()["layers"]
+    inside = [r for r in rows if r["inside_partition"] and r["target_vs_ref"] is not None]
+    assert len(inside) >= 4, "the traced run shows TFLM's own tensors inside the partition"

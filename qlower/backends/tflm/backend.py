@@ -1,8 +1,8 @@
 """The ``tflm`` target: the supported graph as one .tflite that TensorFlow Lite Micro runs, bit-exact.
 
-Before partitioning, ``rewrite`` gives every rescale fused into a TFLM kernel
-the rounding that kernel uses (``rounding.py``), so the program means what
-TFLM computes. ``supports`` says yes to the ops the TFLM exporter writes with
+Before partitioning, its declared ``rewrites`` give every int8 ADD TFLite
+ADD's form and every rescale fused into a TFLM kernel that kernel's rounding
+(``rounding.py``), so the program means what TFLM computes. ``supports`` says yes to the ops the TFLM exporter writes with
 TFLM's kernels only (``export.py``, ``kernels.py``); the rest stay on the host
 with the exporter's reason. A payload records what the device must hold: the
 smallest tensor arena TFLM's interpreter allocates the model in (found by the
@@ -16,14 +16,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import tflite
 
+from qlower.backends.litert.flatbuffer import NUMPY_OF_TFLITE
+from qlower.backends.litert.fused_add import TfliteAdd
 from qlower.backends.litert.verify import builtin_counts, verify_tflite
 from qlower.backends.tflm import runner
-from qlower.backends.tflm.export import export_tflm, op_reasons
-from qlower.backends.tflm.rounding import with_tflm_rounding
+from qlower.backends.tflm.export import export_tflm
+from qlower.backends.tflm.rounding import TflmKernelRounding
+from qlower.backends.tflm.settle import settled_reasons
 from qlower.contract import Backend, Exporter, Payload, Verdict, check_payload_inputs
 from qlower.errors import ExecutionError, InputError, InvalidProgramError
 from qlower.ir import Graph, Op
+from qlower.ir.rewrite import Rewrite
 
 MODEL_BLOB = "model.tflite"
 EXACTNESS = "bit-exact with the reference interpreter (TFLM reference kernels, tflite-micro's interpreter)"
@@ -45,12 +50,12 @@ class TflmBackend(Backend):
     def __init__(self) -> None:
         self._reasons: dict[int, str] = {}
 
-    def rewrite(self, graph: Graph, target: str) -> Graph:
+    def rewrites(self, target: str) -> tuple[Rewrite, ...]:
         """Residual adds in TFLite ADD's form, fused requantization with TFLM's kernels' rounding."""
-        return with_tflm_rounding(graph)
+        return (TfliteAdd(), TflmKernelRounding())
 
     def prepare(self, graph: Graph) -> None:
-        self._reasons = op_reasons(graph)
+        self._reasons = settled_reasons(graph)
 
     def supports(self, op: Op, target: str) -> Verdict:
         reason = self._reasons.get(id(op))
@@ -60,10 +65,13 @@ class TflmBackend(Backend):
         model = export_tflm(subgraph, description=description(subgraph))
         verify_tflite(model)
         arena = runner.smallest_arena(model, f"partition '{subgraph.name}'")
+        names = {v.name for op in subgraph.ops for v in op.results if op.kind != "constant"}
         return Payload(
             backend=self.name, target=target, blobs={MODEL_BLOB: model},
             input_types=tuple(v.type for v in subgraph.inputs),
             output_types=tuple(v.type for v in subgraph.outputs),
+            # the IR values the model holds as tensors of their own (a fused GEMM's accumulator is not one)
+            tensor_map={n: n for n in sorted(names & set(tensor_bytes(model)))} if trace else {},
             meta={"exactness": EXACTNESS, "tflite_ops": builtin_counts(model),
                   "arena_bytes": arena, "flash_bytes": len(model)},
         )
@@ -84,6 +92,14 @@ class TflmBackend(Backend):
         return None
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        return self._run(payload, inputs, ())[0]
+
+    def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
+                       tensors: Sequence[str]) -> dict[str, np.ndarray]:
+        return self._run(payload, inputs, tuple(tensors))[1]
+
+    def _run(self, payload: Payload, inputs: Sequence[np.ndarray], traced: tuple[str, ...]
+             ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
         arrays = check_payload_inputs(payload, inputs, "the TFLM partition")
         for i, x in enumerate(arrays):
             if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
@@ -95,7 +111,14 @@ class TflmBackend(Backend):
             verify_tflite(model)   # never hand TFLM bytes its own parser would have to survive
         except InvalidProgramError as e:
             raise ExecutionError(f"TFLM can't run the partition: {e}") from None
-        outs = runner.run(model, payload.meta.get("arena_bytes"), arrays, "the TFLM partition")
+        arena, seen = payload.meta.get("arena_bytes"), {}
+        if traced:
+            # every tensor kept apart: the device's arena plus room for all of them
+            arena = arena + sum(-(-n // 16) * 16 for n in tensor_bytes(model).values()) if isinstance(arena, int) \
+                else arena
+            outs, seen = runner.run_traced(model, arena, arrays, traced, "the TFLM partition")
+        else:
+            outs = runner.run(model, arena, arrays, "the TFLM partition")
         if len(outs) != len(payload.output_types):
             raise ExecutionError(f"the TFLM partition returned {len(outs)} outputs, its payload declares "
                                  f"{len(payload.output_types)}")
@@ -103,10 +126,18 @@ class TflmBackend(Backend):
             if y.dtype != t.dtype.numpy or tuple(y.shape) != t.shape:
                 raise ExecutionError(f"output {i} of the TFLM partition came back as {y.dtype}{list(y.shape)}, "
                                      f"the payload declares {t}")
-        return outs
+        return outs, seen
 
-    def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
-                       tensors: Sequence[str]) -> dict[str, np.ndarray]:
-        # TFLM reuses the arena's memory: only the boundary is visible (the tensor map is empty)
-        self.execute(payload, inputs)
-        return {}
+
+def tensor_bytes(model: bytes) -> dict[str, int]:
+    """Bytes of each computed tensor of a (verified) model, by name (constants live in flash)."""
+    m = tflite.Model.GetRootAsModel(model, 0)
+    sg = m.Subgraphs(0)
+    sizes = {}
+    for i in range(sg.TensorsLength()):
+        t = sg.Tensors(i)
+        if m.Buffers(t.Buffer()).DataLength():
+            continue
+        shape = [t.Shape(j) for j in range(t.ShapeLength())]
+        sizes[t.Name().decode()] = int(np.prod(shape, dtype=np.int64)) * NUMPY_OF_TFLITE[t.Type()].itemsize
+    return sizes

@@ -4,8 +4,8 @@ The LiteRT exporter (``litert/export.py``) writes each IR op as TFLite builtins;
 this one reuses it and keeps only forms TFLM has kernels for (``kernels.py``).
 Where LiteRT's exact form needs what TFLM lacks, another exact form replaces it:
 
-- a rescale by an integer power of two (the widening of a global average) is
-  int32 arithmetic, never a table;
+- a rescale of int8/int16 codes by an integer power of two (the widening of a
+  global average, an ADD operand's shift) is int32 arithmetic, never a table;
 - a rescale, table or average of a narrow range whose result is not int8 is a
   GATHER from a float32 table (TFLM has no int16 or int32 GATHER) and a CAST;
 - an average pool with one tap count is its exact window sums (a float32
@@ -28,7 +28,6 @@ from tflite.BuiltinOperator import BuiltinOperator as B
 from tflite.Padding import Padding
 
 from qlower.backends.global_means import GlobalMean, global_means
-from qlower.backends.litert import emit
 from qlower.backends.litert.emit import NotExact, channel_shape, options, tflite_quant
 from qlower.backends.litert.export import _Export, _tfl_dtype
 from qlower.backends.litert.ranges import MAX_TABLE, table_span
@@ -101,17 +100,12 @@ def _rescale(ex: TflmExport, op: Op) -> bool:
     src, out = x.type.quant, op.attrs["out"]
     mult = requant.requantize_ratio(np.asarray(src.scale), out.scale[0])
     power = mult.ratio()
-    if x.dtype in (DType.INT8, DType.INT16) and np.all(power == np.round(power)) and np.all(power >= 1) \
-            and np.all(power < 2**15):
-        # x 2**k (a widening): int32 arithmetic with no rounding at all
-        rank = op.result.type.rank
-        ex.bind(op.result, emit.rescale(
-            ex.b, ex.value(x), channel_shape(src.zero_point, rank, src.axis),
-            channel_shape(mult.multiplier, rank, src.axis), channel_shape(mult.shift, rank, src.axis),
-            out.zero_point[0], out.qmin, out.qmax, _tfl_dtype(op.result.type), op.result.name,
-            tflite_quant(op.result.type)))
-        return True
     lo, hi = ex.ranges.of(x)
+    reach = max(abs(lo - int(np.min(src.zero_point))), abs(hi - int(np.max(src.zero_point)))) * power.max()
+    if x.dtype in (DType.INT8, DType.INT16) and np.all(power == np.round(power)) and np.all(power >= 1) \
+            and reach + abs(out.zero_point[0]) < 2**31:
+        _scaled(ex, op, power.astype(np.int64))
+        return True
     if src.is_per_channel or not table_span(lo, hi):
         raise NotExact("requantizing a wide int32 range outside a fused kernel needs 64-bit integer "
                        "arithmetic, which TFLM's kernels lack")
@@ -120,6 +114,23 @@ def _rescale(ex: TflmExport, op: Op) -> bool:
                             rounding=op.attrs["rounding"])
     _lookup(ex, op, table, lo, hi)
     return True
+
+
+def _scaled(ex: TflmExport, op: Op, power: np.ndarray) -> None:
+    """A rescale by an integer ``power`` (x 2**k, a widening or an ADD operand's shift): ``(x - zp) * power
+    + zp_out``, clamped, in int32 arithmetic that can't overflow (checked by the caller): no rounding at all."""
+    b, name, rank = ex.b, op.result.name, op.result.type.rank
+    src, out = op.operands[0].type.quant, op.attrs["out"]
+    v = ex.plain(op.operands[0])
+    if any(src.zero_point):
+        v = b.binary_const(B.SUB, v, channel_shape(np.asarray(src.zero_point, np.int32), rank, src.axis),
+                           f"{name}/center")
+    if np.any(power != 1):
+        v = b.binary_const(B.MUL, v, channel_shape(power.astype(np.int32), rank, src.axis), f"{name}/scale")
+    if out.zero_point[0]:
+        v = b.binary_const(B.ADD, v, np.int32(out.zero_point[0]), f"{name}/zp")
+    v = b.clamp(v, np.int32(out.qmin), np.int32(out.qmax), f"{name}/range")
+    ex.bind(op.result, b.cast(v, _tfl_dtype(op.result.type), name, tflite_quant(op.result.type)))
 
 
 def _table(ex: TflmExport, op: Op) -> bool:

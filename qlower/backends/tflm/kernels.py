@@ -39,13 +39,19 @@ ACCEPTED: dict[int, frozenset[str]] = {
     B.DEPTHWISE_CONV_2D: frozenset({"int8", "float32"}),
     B.FULLY_CONNECTED: frozenset({"int8", "float32"}),
 }
+# ranks beyond which TFLM's kernel refuses its first input (measured; the other kernels took rank 6)
+MAX_RANK: dict[int, int] = {B.STRIDED_SLICE: 4, B.TRANSPOSE: 5, B.PADV2: 5}
+MAX_INPUTS: dict[int, int] = {B.CONCATENATION: 10}   # TFLM's kMaxInputNum
 CASTS = frozenset((a, b) for a in _CASTABLE for b in _CASTABLE if a != b)
 _NAMES = {v: k for k, v in vars(B).items() if not k.startswith("_")}
 
 
-def refusal(code: int, in_dtype: str, out_dtype: str) -> str | None:
-    """Why TFLM has no kernel for builtin ``code`` reading ``in_dtype`` (writing ``out_dtype``), or None."""
+def refusal(code: int, in_dtype: str, out_dtype: str, rank: int = 0) -> str | None:
+    """Why TFLM has no kernel for builtin ``code`` reading ``in_dtype`` of ``rank`` (writing ``out_dtype``),
+    or None."""
     name = _NAMES.get(code, str(code))
+    if rank > MAX_RANK.get(code, rank):
+        return f"TFLM's {name} takes tensors of rank {MAX_RANK[code]} at most, not {rank}"
     if code == B.CAST:
         if (in_dtype, out_dtype) in CASTS:
             return None
@@ -61,8 +67,12 @@ def refusal(code: int, in_dtype: str, out_dtype: str) -> str | None:
 def first_refusal(writer, start: int = 0) -> str | None:
     """The first reason an operator of ``writer`` (a litert ``ModelWriter``) from ``start`` on has no TFLM kernel."""
     for op in writer.operators[start:]:
-        src = writer.tensors[op.inputs[0]].dtype if op.inputs else "none"
-        reason = refusal(writer.opcodes[op.opcode], src, writer.tensors[op.outputs[0]].dtype)
+        code = writer.opcodes[op.opcode]
+        if len(op.inputs) > MAX_INPUTS.get(code, len(op.inputs)):
+            return f"TFLM's {_NAMES.get(code, code)} takes {MAX_INPUTS[code]} inputs at most, not {len(op.inputs)}"
+        first = writer.tensors[op.inputs[0]] if op.inputs else None
+        reason = refusal(code, first.dtype if first else "none",
+                         writer.tensors[op.outputs[0]].dtype, len(first.shape) if first else 0)
         if reason is not None:
             return reason
     return None

@@ -44,3 +44,17 @@ def run(model: bytes, arena: int, inputs: Sequence[np.ndarray], what: str = "the
         raise ExecutionError(f"TFLM arena {str(arena)[:20]} is not a size in (0, {MAX_ARENA}]")
     request = [b"run", bytes(model), str(arena).encode(), *(to_npy(np.ascontiguousarray(x)) for x in inputs)]
     return [from_npy(part) for part in _call(request, what)]
+
+
+def run_traced(model: bytes, arena: int, inputs: Sequence[np.ndarray], names: Sequence[str],
+               what: str = "the model") -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """``run`` keeping every tensor (an arena of ``arena`` bytes, which must hold them all): the outputs
+    and the tensors ``names`` by name."""
+    if not isinstance(arena, int) or not 0 < arena <= MAX_ARENA:
+        raise ExecutionError(f"TFLM arena {str(arena)[:20]} is not a size in (0, {MAX_ARENA}]")
+    request = [b"trace", bytes(model), str(arena).encode(), "\n".join(names).encode(),
+               *(to_npy(np.ascontiguousarray(x)) for x in inputs)]
+    answer = _call(request, what)
+    n = int(answer[0])
+    arrays = [from_npy(part) for part in answer[1:]]
+    return arrays[:n], dict(zip(names, arrays[n:]))

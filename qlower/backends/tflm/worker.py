@@ -7,6 +7,8 @@ becomes the error message.
 
 Requests (frames of ``frames.py``):
 ``[b"run", model, arena bytes (decimal), input .npy ...]`` -> ``[b"ok", output .npy ...]``;
+``[b"trace", model, arena, names (one a line), input .npy ...]`` -> ``[b"ok", output count, output .npy ...,
+the named tensors' .npy ...]`` (every tensor preserved);
 ``[b"arena", model, upper bound (decimal)]`` -> ``[b"ok", smallest arena (decimal)]``;
 any failure -> ``[b"error", message]``. The last interpreter is kept for the next run of the same model.
 """
@@ -23,6 +25,7 @@ from frames import from_npy, serve, to_npy, write_frame  # noqa: E402
 
 ALIGN = 16          # arena sizes are searched in steps of TFLM's tensor alignment
 _START = 1 << 12
+_TRACE_LIMIT = 1 << 31
 
 
 def _serve(requests: int, answers: int) -> None:
@@ -43,13 +46,13 @@ def _serve(requests: int, answers: int) -> None:
             kept["key"] = key
         return kept["it"]
 
-    def fits(model: bytes, arena: int, invoke: bool = False) -> bool:
+    def fits(model: bytes, arena: int, invoke: bool = False, preserve: bool = False) -> bool:
         # in a child: TFLM segfaults on some arenas slightly too small instead of refusing them
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                it = runtime.Interpreter.from_bytes(model, arena_size=arena)
+                it = runtime.Interpreter.from_bytes(model, arena_size=arena, intrepreter_config=config(preserve))
                 if invoke:
                     it.invoke()
                 code = 0
@@ -74,14 +77,38 @@ def _serve(requests: int, answers: int) -> None:
             raise RuntimeError(f"the model allocates in an arena of {hi} bytes but does not run in it")
         return hi
 
+    def config(preserve: bool):
+        return runtime.InterpreterConfig.kPreserveAllTensors if preserve \
+            else runtime.InterpreterConfig.kAllocationRecording
+
+    def trace(model: bytes, arena: int, names: list[str], inputs: list[bytes]) -> list[bytes]:
+        # every tensor kept (none shares arena memory), read back by name after the run; the arena
+        # that needs is not the device's: grown from ``arena`` until the model allocates
+        kept.clear()
+        while not fits(model, arena, preserve=True):
+            if arena >= _TRACE_LIMIT:
+                raise RuntimeError(f"the model does not allocate with all its tensors kept in {arena} bytes")
+            arena *= 2
+        it = runtime.Interpreter.from_bytes(model, arena_size=arena, intrepreter_config=config(True))
+        for i, part in enumerate(inputs):
+            it.set_input(from_npy(part), i)
+        it.invoke()
+        index = _tensor_indices(model)
+        outputs = [to_npy(it.get_output(i)) for i in range(len(_count_outputs(model)))]
+        seen = [to_npy(it.GetTensor(index[n], 0)["tensor_data"]) for n in names]
+        return [b"ok", str(len(outputs)).encode(), *outputs, *seen]
+
     def handle(frame: list[bytes]) -> list[bytes]:
         log.seek(0)
         log.truncate()
         try:
             if len(frame) >= 3 and frame[0] == b"arena":
                 return [b"ok", str(smallest(frame[1], int(frame[2]))).encode()]
+            if len(frame) >= 4 and frame[0] == b"trace":
+                return trace(frame[1], int(frame[2]), frame[3].decode().split("\n"), frame[4:])
             if len(frame) < 3 or frame[0] != b"run":
-                raise ValueError("a request must be [b'run', model, arena, inputs...] or [b'arena', model, upper]")
+                raise ValueError("a request must be [b'run', model, arena, inputs...], [b'trace', model, arena, "
+                                 "names, inputs...] or [b'arena', model, upper]")
             it = interpreter(frame[1], int(frame[2]))
             for i, part in enumerate(frame[3:]):
                 it.set_input(from_npy(part), i)
@@ -101,6 +128,13 @@ def _count_outputs(model: bytes) -> list[int]:
 
     sg = schema_fb.Model.GetRootAsModel(model, 0).Subgraphs(0)
     return [sg.Outputs(i) for i in range(sg.OutputsLength())]
+
+
+def _tensor_indices(model: bytes) -> dict[str, int]:
+    from tflite_micro.python.tflite_micro.runtime import schema_fb
+
+    sg = schema_fb.Model.GetRootAsModel(model, 0).Subgraphs(0)
+    return {sg.Tensors(i).Name().decode(): i for i in range(sg.TensorsLength())}
 
 
 def main() -> None:
