@@ -105,6 +105,36 @@ class Payload:
         return None
 
 
+@dataclass(frozen=True)
+class LayerCost:
+    """One operator of a payload in an estimator's cost report, in execution order."""
+
+    operator: str            # the target's operator
+    cycles: int              # what the device spends on it (compute and waiting on memory)
+    compute_cycles: int      # its compute part
+    value: str = ""          # the IR value it computes ("" for a tensor of the target's own)
+    source: str = ""         # that value's model source line
+    tensor: str = ""         # the target's name of its output tensor
+
+
+@dataclass(frozen=True)
+class CostReport:
+    """What a payload costs its device per inference, as its backend's estimator says (reports name
+    the estimator: these are estimates, not measurements). ``memory_bytes``: bytes by kind of memory
+    (e.g. read-only weights, scratch arena)."""
+
+    estimator: str
+    cycles: int
+    compute_cycles: int
+    memory_bytes: dict[str, int] = field(default_factory=dict)
+    layers: tuple[LayerCost, ...] = ()
+    clock_hz: float | None = None
+
+    @property
+    def seconds(self) -> float | None:
+        return None if not self.clock_hz else self.cycles / self.clock_hz
+
+
 # Writes a whole program as one deployable file: (the program's source graph, its partitions'
 # payloads, a description to embed) -> the file's bytes; UnsupportedOpError names an op it can't write.
 Exporter = Callable[[Graph, Sequence[Payload], str], bytes]
@@ -160,6 +190,12 @@ class Backend(ABC):
         name -> exporter. The default: none of its own (a format some backend writes for programs
         of any target still applies, see ``qlower.backends.registry.exporter_for``)."""
         return {}
+
+    @classmethod
+    def cost_report(cls, payload: Payload) -> CostReport | None:
+        """What ``payload`` costs its device, when this backend's compiler estimates it (default:
+        None); ValueError when its metadata (a program file's) can't be read as one."""
+        return None
 
     def check_meta(self, payload: Payload) -> str | None:
         """Why the typed facts of ``payload``'s metadata, read from a program file, can't be read

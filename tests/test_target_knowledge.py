@@ -28,7 +28,8 @@ def test_the_probe_sees_target_names():
     assert target_words("ethos-u55-128") >= {"ethos-u55-128"} and target_words("tosa_meta") == set()
 
 
-@pytest.mark.parametrize("module", ["contract.py", "program/program.py"])
+@pytest.mark.parametrize("module", ["contract.py", "program/program.py", "verification/stages.py",
+                                    "verification/report.py", "verification/html.py", "verification/accuracy.py"])
 def test_shared_modules_hold_no_target_knowledge(module):
     assert target_words((PACKAGE / module).read_text()) == set()
 
@@ -76,3 +77,25 @@ def test_a_backend_adds_a_format_by_declaring_it(programs, tmp_path, monkeypatch
     with pytest.raises(ValueError, match="unknown export format 'probe'; formats: tflite"):
         programs["reference"].export(tmp_path / "r.probe", format="probe")
     assert not (tmp_path / "r.probe").exists()
+
+
+def test_verification_reads_the_cost_report_the_backend_declares(monkeypatch):
+    """The per-operator cycles and the estimator's name reach the report from ``Backend.cost_report``
+    alone (a TOSA program, whose backend estimates nothing, given a probe's report)."""
+    from qlower import zoo
+    from qlower.backends.tosa import TosaBackend
+    from qlower.contract import CostReport, LayerCost
+
+    model, example, quant, calib = zoo.get("tiny_cnn", size=16)
+    report = qlower.verify(model, example, target="tosa-1.0+int", quant=quant, calibration=calib, progress=False)
+    assert report.cycles == [] and report.cost_estimator == ""
+    probe = CostReport("Probe", 30, 20, {"scratch": 64}, (LayerCost("CONV", 30, 20, value="v", source="m.py:1"),))
+    monkeypatch.setattr(TosaBackend, "cost_report", classmethod(lambda cls, payload: probe))
+    report = qlower.verify(model, example, target="tosa-1.0+int", quant=quant, calibration=calib, progress=False)
+    assert report.cost_estimator == "Probe" and '"cost_estimator": "Probe"' in report.to_json()
+    assert {(r["operator"], r["value"], r["op_cycles"], r["npu_cycles"]) for r in report.cycles} == {("CONV", "v", 30, 20)}
+    accuracy = qlower.measure_accuracy(qlower.compile(model, example, target="tosa-1.0+int", quant=quant,
+                                                      calibration=calib, progress=False),
+                                       (example[0].repeat(2, 1, 1, 1), [0, 1]), progress=False)
+    parts = accuracy.cycles // 30
+    assert parts >= 1 and accuracy.cycles == 30 * parts and "Probe estimate: " in accuracy.table()

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from qlower.backends.options import check_options, option_types
-from qlower.contract import Backend, Exporter
+from qlower.contract import Backend, CostReport, Exporter, Payload
 from qlower.errors import ConfigError, UnknownTargetError
 
 # target -> (module, class); "reference" and "cpu" run the whole graph on the host.
@@ -129,3 +129,13 @@ def exporter_for(target: str, format: str) -> Exporter:
     if home is None:
         raise ValueError(f"unknown export format {format!r}; formats: {', '.join(export_formats(target))}")
     return _backend_class(home, None).exporters(home)[format]
+
+
+def cost_report(payload: Payload) -> CostReport | None:
+    """The cost report of ``payload`` that its backend declares (None when it estimates none, or
+    when the payload's target has no backend)."""
+    try:
+        backend_cls = _backend_class(payload.target, None)
+    except UnknownTargetError:
+        return None
+    return None if backend_cls is None else backend_cls.cost_report(payload)

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from qlower.backends.registry import cost_report
 from qlower.errors import InputError
 from qlower.progress import progress_bar
 
@@ -27,7 +28,7 @@ def pct(x: float | None) -> str:
 @dataclass(frozen=True)
 class AccuracyReport:
     """Top-1 accuracies in [0, 1] on ``images`` labelled inputs; ``fake_quant`` and ``agreement`` are None
-    for a program compiled in float; ``cycles`` is Vela's total estimate for Ethos-U targets, else None."""
+    for a program compiled in float; ``cycles`` is the total cycle estimate of the target's backend (``estimator``'s), else None."""
 
     target: str
     images: int
@@ -38,6 +39,7 @@ class AccuracyReport:
     cycles: int | None = None
     label: str = ""
     detail: str = ""  # e.g. which layers auto_int16 promoted
+    estimator: str = ""  # who estimated ``cycles`` (the backend's cost report names it)
 
     def table(self) -> str:
         lines = [f"accuracy on {self.images} held-out inputs{f' ({self.label})' if self.label else ''}",
@@ -47,7 +49,7 @@ class AccuracyReport:
         if self.agreement is not None:
             lines.append(f"  top-1 same as fake-quant on {pct(self.agreement)} of the inputs")
         if self.cycles is not None:
-            lines.append(f"  Vela estimate: {self.cycles:,} total cycles per inference")
+            lines.append(f"  {self.estimator or 'backend'} estimate: {self.cycles:,} total cycles per inference")
         return "\n".join(lines)
 
     __str__ = table
@@ -86,9 +88,15 @@ def top1(output: object) -> int:
 
 
 def total_cycles(program) -> int | None:
-    """Vela's total cycle estimate over the program's NPU partitions, or None when it has none."""
-    perf = [p.payload.meta["perf"] for p in program.partitions if "perf" in p.payload.meta]
-    return sum(int(p["total_cycles"]) for p in perf) if perf else None
+    """The total cycle estimate over the program's partitions (their backends' cost reports), or
+    None when none has one."""
+    return _total(program)[0]
+
+
+def _total(program) -> tuple[int | None, str]:
+    """The total cycle estimate and who estimated it (see ``total_cycles``)."""
+    costs = [c for c in (cost_report(p.payload) for p in program.partitions) if c is not None]
+    return (sum(c.cycles for c in costs) if costs else None), " and ".join(sorted({c.estimator for c in costs}))
 
 
 @torch.no_grad()
@@ -116,19 +124,20 @@ def measure_accuracy(program, data: object, *, limit: int | None = None, progres
             picks[2, i] = top1(program.run(*x)[0])
             bar.update()
     truth = labels[:count]
+    cycles, estimator = _total(program)
     quantized = front.fake_quant is not None
     return AccuracyReport(
         target=program.target, images=count, fp32=float(np.mean(picks[0] == truth)),
         fake_quant=float(np.mean(picks[1] == truth)) if quantized else None,
         program=float(np.mean(picks[2] == truth)),
         agreement=float(np.mean(picks[2] == picks[1])) if quantized else None,
-        cycles=total_cycles(program), label=label, detail=detail)
+        cycles=cycles, estimator=estimator, label=label, detail=detail)
 
 
 
 def comparison_table(reports: list[AccuracyReport]) -> str:
     """Several configurations of one model on one target (e.g. int8 and A16W8), a row each: what the
-    higher precision buys in accuracy and costs in Vela's cycle estimate."""
+    higher precision buys in accuracy and costs in the backend's cycle estimate."""
     first = reports[0]
     lines = [f"{first.target}, {first.images} held-out inputs; fp32 accuracy {pct(first.fp32)}",
              f"  {'configuration':34s} {'fake-quant':>10s} {'program':>9s} {'cycles':>12s}"]

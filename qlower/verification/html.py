@@ -1,4 +1,4 @@
-"""The HTML verification report: tables, a per-layer error plot, per-layer cycles on NPU targets
+"""The HTML verification report: tables, a per-layer error plot, per-layer cycles where a backend estimates them
 and a picture of the partitioning.
 
 Pictures are PNGs drawn with matplotlib (Agg, no display needed) and embedded
@@ -65,8 +65,8 @@ def error_plot(report: VerificationReport) -> bytes:
 
 
 def cycles_chart(report: VerificationReport) -> bytes:
-    """Per operator of the NPU partitions, in execution order: the cycles the device spends on it
-    (light) and their NPU part (dark), labelled with the IR value it computes."""
+    """Per operator of the partitions with a cost report, in execution order: the cycles the device spends on it
+    (light) and their compute part (dark), labelled with the IR value it computes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -75,12 +75,12 @@ def cycles_chart(report: VerificationReport) -> bytes:
     rows = report.cycles
     ys = list(range(len(rows)))
     fig, ax = plt.subplots(figsize=(10, max(2.5, 0.16 * len(rows) + 1.2)))
-    ax.barh(ys, [r.get("op_cycles", 0) for r in rows], color="#9ecae1", label="cycles (NPU + waiting on memory)")
-    ax.barh(ys, [r.get("npu_cycles", 0) for r in rows], color=_PART_COLORS[0], height=0.5, label="NPU cycles")
+    ax.barh(ys, [r.get("op_cycles", 0) for r in rows], color="#9ecae1", label="cycles (compute + waiting on memory)")
+    ax.barh(ys, [r.get("npu_cycles", 0) for r in rows], color=_PART_COLORS[0], height=0.5, label="compute cycles")
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{r.get('operator', '')} %{r.get('value') or r.get('tensor', '')}" for r in rows], fontsize=6)
     ax.invert_yaxis()
-    ax.set_xlabel("cycles (Vela's estimate)")
+    ax.set_xlabel(f"cycles ({report.cost_estimator or 'the backend'}'s estimate)")
     total = sum(r.get("op_cycles", 0) for r in rows)
     ax.set_title(f"cycles per operator — target {report.target}, {total:,} in all")
     ax.legend(loc="lower right", fontsize=8)

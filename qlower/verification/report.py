@@ -73,13 +73,14 @@ class VerificationReport:
     float_fallbacks: list[dict] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     inputs: int = 1   # how many input tuples the rows are the worst case of
-    # NPU targets' per-operator cycle estimates in execution order: partition, operator, value, source,
-    # op_cycles (what the device spends on it) and npu_cycles (its compute part)
+    # per-operator cycle estimates (the backends' cost reports) in execution order: partition, operator,
+    # value, source, tensor, op_cycles (what the device spends on it) and npu_cycles (its compute part)
     cycles: list[dict] = field(default_factory=list)
     # the backend rewrites between the canonical program and the target's form (name, steps, what, values),
     # and the values further from the canonical program, op by op, than declared (value, steps, bound, rewrites)
     rewrites: list[dict] = field(default_factory=list)
     form_violations: list[dict] = field(default_factory=list)
+    cost_estimator: str = ""   # who estimated ``cycles`` (the backends' cost reports name it)
 
     @classmethod
     def worst_of(cls, reports: list[VerificationReport]) -> VerificationReport:
@@ -104,6 +105,7 @@ class VerificationReport:
                     violations[v["value"]] = v
         return cls(first.target, layers, outputs, first.dynamic, first.partitions, first.placement,
                    first.float_fallbacks, inputs=sum(r.inputs for r in reports), cycles=first.cycles,
+                   cost_estimator=first.cost_estimator,
                    rewrites=first.rewrites, form_violations=list(violations.values()))
 
     def __post_init__(self) -> None:
@@ -156,7 +158,7 @@ class VerificationReport:
         return {"target": self.target, "ok": self.ok, "problems": self.problems, "inputs": self.inputs,
                 "target_compared": self.target_compared,
                 "partitions": self.partitions, "placement": self.placement, "float_fallbacks": self.float_fallbacks,
-                "cycles": self.cycles, "rewrites": self.rewrites, "form_violations": self.form_violations,
+                "cycles": self.cycles, "cost_estimator": self.cost_estimator, "rewrites": self.rewrites, "form_violations": self.form_violations,
                 "layers": [r.as_dict() for r in self.layers], "outputs": [o.as_dict() for o in self.outputs]}
 
     def to_json(self) -> str:

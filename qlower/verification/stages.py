@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from qlower.backends.registry import cost_report
 from qlower.ir import Graph, Value
 from qlower.program import Program
 from qlower.reference import run_graph
@@ -213,10 +214,14 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
     fallbacks = [{"value": d.op.results[0].name, "op": d.op.attrs["target"],
                   "source": d.op.results[0].origin.describe() if d.op.results[0].origin else "", "reason": d.reason}
                  for d in program.decisions if d.op.kind == "aten"]
-    cycles = [{"partition": p.name, **r} for p in program.partitions
-              for r in p.payload.meta.get("per_layer", []) if isinstance(r, dict)]
+    costs = [(p.name, cost_report(p.payload)) for p in program.partitions]
+    cycles = [{"partition": name, "operator": r.operator, "value": r.value, "source": r.source, "tensor": r.tensor,
+               "op_cycles": r.cycles, "npu_cycles": r.compute_cycles}
+              for name, cost in costs if cost is not None for r in cost.layers]
+    estimators = sorted({cost.estimator for _, cost in costs if cost is not None})
     return VerificationReport(program.target, rows, outputs, dynamic=program.meta.get("quant") == "dynamic",
                               partitions=partitions, placement=placement, float_fallbacks=fallbacks, cycles=cycles,
+                              cost_estimator=" and ".join(estimators),
                               rewrites=[r.as_meta() for r in program.rewrites],
                               form_violations=[] if forms is None else forms.violations())
 

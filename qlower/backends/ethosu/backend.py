@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from qlower.backends.ethosu.channels import ChannelWidening, cheaper_widths, narrowed_tensors, unpad_traced, widen
+from qlower.backends.ethosu.cost import cost_problem, vela_cost
 from qlower.backends.ethosu.means import MeanForms, pool_is_cheaper
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
 from qlower.backends.ethosu.tables import InterpolatedTables, cheaper
@@ -34,7 +35,7 @@ from qlower.backends.ethosu.vela import (
 )
 from qlower.backends.tosa.backend import GRAPH_BLOB
 from qlower.backends.tosa.consumer import TosaConsumer, simulated
-from qlower.contract import Payload, Verdict
+from qlower.contract import CostReport, Payload, Verdict
 from qlower.errors import CompileError, QlowerError
 from qlower.ir import DType, Graph, GraphBuilder, Op, TensorType, Value, rebuild
 from qlower.ir.rewrite import Rewrite, Rewritten, apply_rewrite
@@ -203,6 +204,14 @@ class EthosUBackend(TosaConsumer):
     title = "Ethos-U"
     targets = ACCELERATORS
     compiler_blobs = ("command_stream.bin", "read_only.bin")
+
+    @classmethod
+    def cost_report(cls, payload: Payload) -> CostReport | None:
+        """Vela's estimate (cost.py)."""
+        return vela_cost(payload)
+
+    def check_meta(self, payload: Payload) -> str | None:
+        return super().check_meta(payload) or cost_problem(payload)
 
     def __init__(self, system_config: str | None = None, memory_mode: str | None = None,
                  per_layer: bool = True, optimise: str = "Performance", trace: bool = False,
