@@ -38,6 +38,7 @@ ACCEPTED: dict[int, frozenset[str]] = {
     B.CONV_2D: frozenset({"int8", "float32"}),
     B.DEPTHWISE_CONV_2D: frozenset({"int8", "float32"}),
     B.FULLY_CONNECTED: frozenset({"int8", "float32"}),
+    B.BATCH_MATMUL: frozenset({"int8"}),
 }
 # ranks beyond which TFLM's kernel refuses its first input (measured; the other kernels took rank 6)
 MAX_RANK: dict[int, int] = {B.STRIDED_SLICE: 4, B.TRANSPOSE: 5, B.PADV2: 5}
