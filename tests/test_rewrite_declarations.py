@@ -114,6 +114,23 @@ def test_ethosu_mean_form():
     assert refused[0] > 0, "no mean beyond the proof was drawn"
 
 
+def test_ethosu_pool_limit():
+    """Every global mean with a side beyond Vela's 256 that the proof admits becomes the sum form;
+    narrower ones keep their pool (the cost-driven mean form decides those)."""
+    @fuzz_settings(30)
+    @given(case=pattern_cases("wide_global_mean", max_layers=2))
+    def run(case):
+        found = global_means(case.graph)
+        out = check_declaration(means.PoolLimit(), case)
+        assert set(out.values) == {m.final.result.name for m in found
+                                   if means.within_a_step(m) and not means.fits_vela(m)}
+        assert all(max(m.pool.attrs["kernel"]) <= means.MAX_POOL_SIDE for m in global_means(out.graph)
+                   if means.within_a_step(m))
+
+    run()
+    _report(means.PoolLimit.name)
+
+
 def test_ethosu_interpolated_table():
     """Every int16 table with a proven interpolation is rewritten; random tables are refused."""
     refused = [0]
@@ -320,14 +337,20 @@ def _conv_pair(w_zp: int = 0, clamp: tuple[int, int] | None = None, per_channel_
     y = b.op("rescale", b.op("conv2d", x, w, bias), out=QuantSpec.per_tensor(0.02, 0))
     if clamp is not None:
         y = b.op("clamp", y, min=clamp[0], max=clamp[1])
-    w2 = b.constant(rng.integers(-127, 128, (2, 1, 1, c)).astype(np.int8), QuantSpec.per_tensor(0.01, 0))
-    return b.build([b.op("rescale", b.op("conv2d", y, w2, None), out=QuantSpec.per_tensor(0.03, 0))])
+    if per_channel_one:   # the reader too: one output channel, per-channel weights, a per-tensor bias
+        w2 = b.constant(rng.integers(-127, 128, (1, 1, 1, c)).astype(np.int8), QuantSpec.per_channel((0.01,)))
+        bias2 = b.constant(np.array([77], np.int32), QuantSpec.per_tensor(0.0002, 0, DType.INT32))
+    else:
+        w2 = b.constant(rng.integers(-127, 128, (2, 1, 1, c)).astype(np.int8), QuantSpec.per_tensor(0.01, 0))
+        bias2 = None
+    return b.build([b.op("rescale", b.op("conv2d", y, w2, bias2), out=QuantSpec.per_tensor(0.03, 0))])
 
 
 def test_widening_refuses_what_it_cannot_keep_exact():
     """Found by the property test: a weight zero point (a padded zero code is not 0.0) and a clamp
-    that leaves out the zero point (the extra channels would not hold 0.0) end no run; a conv whose
-    one channel is per-channel quantized, its bias per tensor, widens exactly."""
+    that leaves out the zero point (the extra channels would not hold 0.0) end no run; convolutions
+    whose one channel is per-channel quantized, their biases per tensor, widen exactly (the writer's
+    bias becomes per channel with its channels, the reader's stays as it is)."""
     assert len(runs(_conv_pair())) == 1
     assert runs(_conv_pair(w_zp=3)) == [] and runs(_conv_pair(clamp=(2, 100))) == []
     g = _conv_pair(per_channel_one=True)

@@ -204,8 +204,8 @@ def widen(graph: Graph, widths: dict[str, int]) -> Graph:
         if conv.operands[2] is not None:
             padded[conv.operands[2]] = np.pad(np.asarray(producers[conv.operands[2]].attrs["data"]),
                                               (0, o - w.shape[0]))
-            if conv.operands[1].type.quant.is_per_channel:   # its bias too, though one channel may be per tensor
-                per_channel_bias.add(conv.operands[2])
+            if conv.operands[1].type.quant.is_per_channel and o > w.shape[0]:
+                per_channel_bias.add(conv.operands[2])   # more channels: per channel, as its accumulator
 
     def rewrite(b: GraphBuilder, op: Op, operands) -> tuple[Value, ...] | None:
         if op.kind != "constant" or op.result not in padded:
