@@ -117,7 +117,10 @@ def _dequantized_step(graph: Graph, v: Value) -> float | None:
 
 def declared_bounds(rewrites) -> dict[str, tuple[int, tuple[str, ...]]]:
     """Value name -> (steps allowed, rewrites responsible) from a program's applied rewrites
-    (``qlower.ir.rewrite.AppliedRewrite``): a value several rewrites name gets the sum of their steps."""
+    (``qlower.ir.rewrite.AppliedRewrite``): a value several rewrites name gets the sum of their steps.
+    A later rewrite of a value only an earlier one made (not in the canonical program) is not
+    counted here: the shared value downstream of both gets the earlier one's bound only (no backend
+    chains its rewrites so today: each rewrites other ops)."""
     out: dict[str, tuple[int, tuple[str, ...]]] = {}
     for r in rewrites:
         for name in r.values:
