@@ -59,6 +59,7 @@ def test_zoo_model_runs_whole_on_tflm_bit_exact(name, tmp_path: Path):
     assert prog.graph.count_ops() == {"delegate": 1}, "every op runs on TFLM"
     model = part.payload.blobs[MODEL_BLOB]
     assert part.payload.meta["flash_bytes"] == len(model)
+    assert f"tensor arena {part.payload.meta['arena_bytes']:,} bytes" in prog.explain()
     exported = Path(prog.export(tmp_path / f"{name}.tflite", format="tflite")).read_bytes()
     for seed in range(3):
         inputs = example if seed == 0 else _inputs(example, seed)
@@ -119,6 +120,14 @@ def test_ops_without_a_tflm_form_stay_on_the_host_named_with_a_reason(tmp_path: 
 def _small_payload() -> tuple[Payload, list[np.ndarray]]:
     prog, example, _ = _compile("digits_cnn")
     return _tflm_partition(prog).payload, example
+
+
+def test_a_saved_tflm_program_loads_and_runs_the_same(tmp_path: Path):
+    prog, example, _ = _compile("digits_cnn")
+    prog.save(tmp_path / "p.qlp")
+    loaded = qlower.load(tmp_path / "p.qlp")
+    _assert_same(loaded.run(*example), prog.run(*example))
+    assert "tensor arena" in loaded.explain()
 
 
 def test_corrupt_payloads_are_errors_with_a_reason_never_a_dead_process():

@@ -73,7 +73,10 @@ class TflmBackend(Backend):
             # the IR values the model holds as tensors of their own (a fused GEMM's accumulator is not one)
             tensor_map={n: n for n in sorted(names & set(tensor_bytes(model)))} if trace else {},
             meta={"exactness": EXACTNESS, "tflite_ops": builtin_counts(model),
-                  "arena_bytes": arena, "flash_bytes": len(model)},
+                  "arena_bytes": arena, "flash_bytes": len(model),
+                  # explain() prints it: what the device must hold
+                  "summary": f"TFLM: tensor arena {arena:,} bytes (the smallest its interpreter allocates the "
+                             f"model in), model {len(model):,} bytes (flash)"},
         )
 
     def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
