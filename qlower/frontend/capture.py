@@ -7,22 +7,25 @@ importer's IR is compared against (at most one quantization step per element).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import time
 import traceback
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import torch
 from torch import nn
 from torch.fx import GraphModule
 from tqdm.auto import tqdm
 
-from qlower.errors import InputError, UnsupportedOpError
+from qlower.errors import InputError, QlowerError, UnsupportedOpError
 from qlower.frontend.batch_norm_fold import fold_batch_norms
 from qlower.frontend.config import QuantConfig
+from qlower.frontend.constant_fold import fold_constant_subgraphs
 from qlower.frontend.decompose import decompose_unruled
 from qlower.frontend.finite import non_finite_nodes
 from qlower.frontend.quantize_fold import fold_constant_quantize
@@ -55,7 +58,8 @@ def _as_batch(batch: object) -> Batch:
 
 def export_module(model: nn.Module, example_inputs: Sequence[torch.Tensor], static: bool = False) -> GraphModule:
     """``torch.export`` to pre-dispatch ATen (what PT2E annotates), without the guard check node;
-    ops without a rule (for a ``static`` quantized import or not) decomposed.
+    what is computed from constants only folded, ops without a rule (for a ``static`` quantized
+    import or not) decomposed.
 
     Non-strict export is tried first; strict export is the fallback (torch 2.13's
     non-strict mode fails on a model without inputs whose forward feeds plain
@@ -67,7 +71,7 @@ def export_module(model: nn.Module, example_inputs: Sequence[torch.Tensor], stat
     user_line = None
     for strict in (False, True):
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), _attributes_kept(model):
                 warnings.simplefilter("ignore")
                 program = torch.export.export(model, args, strict=strict)
             break
@@ -75,11 +79,51 @@ def export_module(model: nn.Module, example_inputs: Sequence[torch.Tensor], stat
             user_line = user_line or _model_line(model, e)
             errors.append(f"{'strict' if strict else 'non-strict'} export: {type(e).__name__}: {e}")
     if program is not None:
-        return decompose_unruled(program.module(check_guards=False), lambda t: has_rule(t, static))
+        with _stage("export"):
+            gm = program.module(check_guards=False)
+            _reject_fake_constants(gm, model)
+            fold_constant_subgraphs(gm)  # first: what is folded needs no decomposition (constant_fold.py)
+            return decompose_unruled(gm, lambda t: has_rule(t, static))
     detail = "\n".join(line[:600] for line in errors)
     where = f" at {user_line}" if user_line else ""
     raise UnsupportedOpError(f"torch.export could not capture {type(model).__name__}{where}:\n{detail}\n"
                              "Make the forward exportable (no data-dependent control flow) and try again.")
+
+
+@contextlib.contextmanager
+def _attributes_kept(model: nn.Module) -> Iterator[None]:
+    """No module of ``model`` keeps an attribute that tracing added.
+
+    A forward that caches a tensor on its module (``self.anchors = ...``, as detection heads do) leaves
+    a fake tensor there when traced; torch.export puts back the attributes the instance had before,
+    but keeps new ones (those that shadowed a class attribute), so the next export (another target,
+    verify, sensitivity) would read the fake tensor as a constant, and the eager model would fail.
+    """
+    before = [(m, set(m.__dict__)) for m in model.modules()]
+    try:
+        yield
+    finally:
+        for m, names in before:
+            for name in [k for k in m.__dict__ if k not in names]:
+                del m.__dict__[name]
+
+
+def _is_fake(t: object) -> bool:
+    return isinstance(t, torch._subclasses.fake_tensor.FakeTensor)
+
+
+def _reject_fake_constants(gm: GraphModule, model: nn.Module) -> None:
+    """A constant without data: the model holds a fake tensor that an earlier trace of it left."""
+    fake = [n.target for n in gm.graph.find_nodes(op="get_attr") if _is_fake(attrgetter(n.target)(gm))]
+    if not fake:
+        return
+    held = [f"{path + '.' if path else ''}{name}" for path, m in model.named_modules()
+            for name, v in vars(m).items() if _is_fake(v)]
+    where = f"model attribute(s) {', '.join(held)}" if held else f"graph constant(s) {', '.join(fake)}"
+    raise UnsupportedOpError(
+        f"{type(model).__name__}'s forward reads {where}, a FakeTensor (a tensor without data) that an earlier "
+        "torch.export or torch.compile of this model stored while tracing (a forward that caches tensors on its "
+        "module); compile a freshly built model, or delete the attribute so that the forward computes it again")
 
 
 def _model_line(model: nn.Module, error: BaseException) -> str | None:
@@ -140,6 +184,7 @@ def prepare(gm: GraphModule, quant: QuantConfig, batches: list[tuple], fast_path
 
     from qlower.frontend.quantizer import QlowerQuantizer
 
+    fold_constant_subgraphs(gm)  # computed weights become weights (constant_fold.py; export_module did it already)
     if fast_paths:
         fold_batch_norms(gm)  # before prepare_pt2e, whose own fold is slow and can be wrong (batch_norm_fold.py)
     with warnings.catch_warnings():
@@ -150,6 +195,36 @@ def prepare(gm: GraphModule, quant: QuantConfig, batches: list[tuple], fast_path
     if quant.fallback == "error":
         _reject_unfolded_batch_norm(prepared)
     return prepared
+
+
+def _graph_copy(gm: GraphModule) -> GraphModule:
+    """``gm`` with copies of only what its graph reads: a deep copy copies whatever else the module
+    holds too (a leftover of tracing may not even be copyable)."""
+    graph = copy.deepcopy(gm.graph)
+    root: dict[str, object] = {}
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            value = attrgetter(node.target)(gm)
+            if isinstance(value, nn.Parameter):
+                root[node.target] = nn.Parameter(value.detach().clone(), requires_grad=value.requires_grad)
+            elif isinstance(value, torch.Tensor):
+                root[node.target] = value.detach().clone()
+            else:
+                root[node.target] = copy.deepcopy(value)
+        elif node.op == "call_module":
+            root[node.target] = copy.deepcopy(gm.get_submodule(node.target))
+    return GraphModule(root, graph)
+
+
+@contextlib.contextmanager
+def _stage(name: str) -> Iterator[None]:
+    """An unexpected exception in a stage of capture becomes a qlower error that names the stage."""
+    try:
+        yield
+    except QlowerError:
+        raise
+    except Exception as e:  # noqa: BLE001  (PyTorch and torchao raise many unrelated types)
+        raise UnsupportedOpError(f"capture failed in its {name} stage: {type(e).__name__}: {str(e)[:2000]}") from e
 
 
 def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig,
@@ -165,12 +240,13 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
 
     gm = export_module(model, example_inputs, static=quant.mode == "static")
     bar.update()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _stage("export"):
         warnings.simplefilter("ignore")
-        float_graph = copy.deepcopy(gm)  # gm is rewritten in place (BatchNorm folding, observers)
+        float_graph = _graph_copy(gm)  # gm is rewritten in place (constant and BatchNorm folding, observers)
     lap("export")
     bar.set_description("quantizing: prepare")
-    prepared = prepare(gm, quant, batches, fast_paths)
+    with _stage("prepare"):
+        prepared = prepare(gm, quant, batches, fast_paths)
 
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
@@ -179,16 +255,17 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
         bar.update()
         lap("prepare")
         bar.set_description("quantizing: calibrate")
-        with torch.no_grad():
+        with torch.no_grad(), _stage("calibrate"):
             for batch in batches:
                 prepared(*batch)
                 bar.update()
         lap("calibrate")
         bar.set_description("quantizing: convert")
-        # weights are folded by quantize_fold.py on the fast path: torchao's folder interprets the whole graph
-        converted = convert_pt2e(prepared, fold_quantize=fold_weights and not fast_paths)
-        if fold_weights and fast_paths:
-            fold_constant_quantize(converted)
+        with _stage("convert"):
+            # weights are folded by quantize_fold.py on the fast path: torchao's folder interprets the whole graph
+            converted = convert_pt2e(prepared, fold_quantize=fold_weights and not fast_paths)
+            if fold_weights and fast_paths:
+                fold_constant_quantize(converted)
         bar.update()
         lap("convert")
         bar.set_description("quantized")

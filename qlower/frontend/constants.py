@@ -1,7 +1,11 @@
-"""The constants of an exported module: the tensor a get_attr reads, and which nodes ops write in place.
+"""The constants of an exported module: the tensor a get_attr reads, which nodes ops write in place,
+and which nodes are only checks.
 
-BatchNorm folding, channel_affine, weight-quantization folding and the once-observers of
-calibration all need to know that a value is a tensor attribute, and that nothing changes it.
+BatchNorm folding, channel_affine, constant folding, weight-quantization folding and the
+once-observers of calibration all need to know that a value is a tensor attribute, and that
+nothing changes it. Checks (``_assert_tensor_metadata``, ``_assert_scalar``, ``sym_constrain_range``
+...) are what torch.export records about the traced values: they compute nothing any later op
+reads, so they never make a constant expression non-constant or a model unimportable.
 """
 
 from __future__ import annotations
@@ -10,6 +14,18 @@ from operator import attrgetter
 
 import torch
 from torch.fx import GraphModule, Node
+
+_aten = torch.ops.aten
+CHECKS = frozenset({
+    _aten._assert_tensor_metadata, _aten._assert_scalar, _aten._assert_async, _aten.sym_constrain_range,
+    _aten.sym_constrain_range_for_size, _aten._functional_assert_async, _aten._functional_assert_scalar,
+    _aten._functional_sym_constrain_range, _aten._functional_sym_constrain_range_for_size})
+
+
+def is_check(node: Node) -> bool:
+    """An export-time check (or its functional form, whose result is only a token for other checks)."""
+    target = node.target
+    return node.op == "call_function" and getattr(target, "overloadpacket", target) in CHECKS
 
 
 def attribute_tensor(gm: GraphModule, node: object) -> torch.Tensor | None:

@@ -95,6 +95,21 @@ class Ref:
         return layout.torch_shape(self.value.shape, self.perm)
 
 
+def _located(node: Node, depth: int = 4) -> Node:
+    """``node``, or when it has no source line (the quantize / dequantize nodes PT2E inserts) the nearest
+    node that has one: a reader first (the conv a weight's quantize feeds), else an input."""
+    if source_location(node):
+        return node
+    seen, frontier = {node}, [node]
+    for _ in range(depth):
+        frontier = [m for n in frontier for m in (*n.users, *n.all_input_nodes) if m not in seen]
+        seen.update(frontier)
+        found = next((m for m in frontier if source_location(m)), None)
+        if found is not None:
+            return found
+    return node
+
+
 class ImportContext:
     """Builder, environment and shared helpers of one import."""
 
@@ -131,7 +146,7 @@ class ImportContext:
         if node is None:
             return UnsupportedOpError(reason)
         op = str(node.target) if node.op == "call_function" else f"{node.op} {node.target}"
-        return UnsupportedOpError(f"{op} (node '{node.name}') {describe_node(node)}: {reason}")
+        return UnsupportedOpError(f"{op} (node '{node.name}') {describe_node(_located(node))}: {reason}")
 
     # -- emission ----------------------------------------------------------------------------
     def emit(self, kind: str, *operands, perm: Perm, origin: Origin | None = None, **attrs) -> Value:

@@ -27,6 +27,7 @@ from torch.utils import _pytree as pytree
 
 from qlower.errors import UnsupportedOpError
 from qlower.frontend import layout
+from qlower.frontend.constants import is_check
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.decompose import KEEP_META, decomposition
 from qlower.frontend.fallback import can_fall_back, import_fallback, ir_type, plain_integer_constant
@@ -228,6 +229,8 @@ def import_graph(gm: GraphModule, name: str = "main", fallback: str = "float") -
         elif node.op == "call_module":
             if not str(node.target).startswith("_guards"):
                 raise ctx.unsupported("calls to submodules are not supported in an exported graph")
+        elif is_check(node):
+            ctx.env[node] = None  # an export-time check: nothing to compute, constant inputs or not
         elif node.op == "call_function":
             if node.target is not operator.getitem and _foldable(ctx, node):
                 ctx.env[node] = _fold_float(ctx, node)
