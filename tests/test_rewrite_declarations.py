@@ -97,6 +97,18 @@ def test_litert_kernel_rounding(kernels):
     assert COUNTS[KernelRounding.name][1] > before
 
 
+def test_tflm_kernel_rounding():
+    from qlower.backends.tflm.rounding import TflmKernelRounding
+
+    @fuzz_settings(40)
+    @given(case=pattern_cases("fused_gemm"))
+    def run(case):
+        check_declaration(TflmKernelRounding(), case)
+
+    run()
+    _report(TflmKernelRounding.name)
+
+
 def test_ethosu_mean_form():
     """Every global mean the proof admits becomes the sum form; those it refuses keep the pool."""
     refused = [0]
