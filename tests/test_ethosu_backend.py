@@ -464,3 +464,23 @@ def test_a_global_mean_takes_the_form_vela_runs_fastest(target, pooled):
     np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x.numpy()])[0])
     report = qlower.verify(model, (x,), target=target, calibration=calibration, progress=False)
     assert report.ok, report.problems
+
+
+def test_a_mean_wider_than_vela_pools_is_split_by_the_backend_not_the_frontend():
+    """The frontend writes a global mean over a 1x300 plane as one average pool on every target;
+    Ethos-U's declared rewrite ``ethosu.pool_limit`` makes it the sum form Vela takes (bit-exact
+    with that form, within its declared step of the canonical program), while TOSA keeps the pool."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 1, 300)
+    model, calibration = _GlobalMean(16).eval(), [(x,), (x * 1.3,)]
+    prog = qlower.compile(model, (x,), target="ethos-u55-128", calibration=calibration, progress=False)
+    assert "avg_pool2d" in prog.frontend.graph.count_ops()
+    kinds = prog.source.count_ops()
+    assert "avg_pool2d" not in kinds and "reduce_sum" in kinds, kinds
+    assert not {d.op.kind for d in prog.decisions} & {"avg_pool2d", "reduce_sum", "mul"}, prog.explain()
+    assert [r.name for r in prog.rewrites] == ["ethosu.pool_limit"]
+    np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x.numpy()])[0])
+    report = qlower.verify(model, (x,), target="ethos-u55-128", calibration=calibration, progress=False)
+    assert report.ok, report.problems
+    tosa = qlower.compile(model, (x,), target="tosa-1.0+int", calibration=calibration, progress=False)
+    assert "avg_pool2d" in tosa.source.count_ops() and not tosa.rewrites

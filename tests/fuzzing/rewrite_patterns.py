@@ -1,6 +1,6 @@
 """Random graphs holding the patterns backend rewrites take (hypothesis strategies), between the
 random layers of random_layers.py: the frontend's residual int8 add (LiteRT's TFLite ADD form),
-its global average (Ethos-U's mean form), an int16 lookup (Ethos-U's interpolated table) and a
+its global average (Ethos-U's mean form, and a plane too wide for Vela's pool), an int16 lookup (Ethos-U's interpolated table) and a
 run of dense convolutions (Ethos-U's channel widening). Each pattern is drawn on both sides of
 its rewrite's applicability (a mean whose output is finer than the proof allows, a table no
 interpolation stays within a step of), so that the tests also see where a rewrite must not apply.
@@ -66,6 +66,20 @@ def _global_mean(g: GraphState, x: Value) -> Value:
     pooled = g.op("avg_pool2d", wide, kernel=(h, w), stride=(h, w))
     ratio = 2.0 ** g.pick([g.rng.uniform(-3, 1), g.rng.uniform(-3, 1), g.rng.uniform(-8, -7)])
     return g.op("rescale", pooled, out=g.act_spec(q.scale[0] * ratio))
+
+
+@pattern("wide_global_mean")
+def _wide_global_mean(g: GraphState, x: Value) -> Value:
+    """A global mean over a plane with a side beyond 256 (Vela's average-pool limit): ``x`` laid
+    out as one row, repeated along W past 256 pixels (with copies of itself, so that no value
+    but the mean's is new), then the frontend's mean as in ``global_mean``."""
+    n, h, w, c = x.shape
+    row = g.op("reshape", x, shape=(n, 1, h * w, c)) if h > 1 else x
+    copies = 256 // (h * w) + g.i(1, 3)
+    wide = g.op("concat", (row,) * copies, axis=2)
+    if g.pick([False, True]):   # the long side along H as well
+        wide = g.op("reshape", wide, shape=(n, wide.shape[2], 1, c))
+    return _global_mean(g, wide)
 
 
 _CODES = np.arange(-32768, 32768, dtype=np.float64)

@@ -21,7 +21,7 @@ import numpy as np
 
 from qlower.backends.ethosu.channels import ChannelWidening, cheaper_widths, narrowed_tensors, unpad_traced, widen
 from qlower.backends.ethosu.cost import cost_problem, vela_cost
-from qlower.backends.ethosu.means import MeanForms, pool_is_cheaper
+from qlower.backends.ethosu.means import MeanForms, PoolLimit, pool_is_cheaper
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
 from qlower.backends.ethosu.tables import InterpolatedTables, cheaper
 from qlower.backends.ethosu.vela import (
@@ -225,10 +225,11 @@ class EthosUBackend(TosaConsumer):
         return TOSA_PROFILE
 
     def rewrites(self, target: str) -> tuple[Rewrite, ...]:
-        """Each mean over H and W, and each int16 lookup, in the form Vela runs fastest on this accelerator
-        (means.py, tables.py), each within a step per rewritten op of the graph it receives."""
+        """Each mean over H and W Vela can take only as a sum, then each mean and each int16 lookup, in
+        the form Vela runs fastest on this accelerator (means.py, tables.py), each within a step per
+        rewritten op of the graph it receives."""
         config = self.config(target)
-        return (MeanForms(lambda m: not pool_is_cheaper(m, config)),
+        return (PoolLimit(), MeanForms(lambda m: not pool_is_cheaper(m, config)),
                 InterpolatedTables(lambda op, form: cheaper(op, form, config)))
 
     def config(self, target: str) -> VelaConfig:

@@ -107,3 +107,23 @@ class MeanForms(Rewrite):
             return None
 
         return Rewritten(rebuild(graph, rewrite), tuple(m.final.result.name for m in swap.values()))
+
+
+MAX_POOL_SIDE = 256   # Vela's AVG_POOL2D takes unpadded windows up to 256 a side
+
+
+def fits_vela(mean: GlobalMean) -> bool:
+    return all(k <= MAX_POOL_SIDE for k in mean.pool.attrs["kernel"])
+
+
+class PoolLimit(MeanForms):
+    """The means Vela can't take as one average pool (a side beyond 256) as the sum form, whatever
+    it costs: the same form and proof as ``MeanForms`` (where the proof fails the pool stays, and
+    stays on the host)."""
+
+    name = "ethosu.pool_limit"
+    what = ("a mean over H and W wider than Vela's average pool (256 a side) as an exact int32 sum and one "
+            "rounding instead of an average pool of widened codes")
+
+    def __init__(self) -> None:
+        super().__init__(lambda m: not fits_vela(m))

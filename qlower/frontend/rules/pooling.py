@@ -266,13 +266,13 @@ def reduce(ctx: ImportContext, node, input: Ref, dim=None, keepdim=False, dtype=
     return reduce_dims(ctx, input, dim or range(input.rank), packet(node) is aten.mean, keepdim)
 
 
-# The largest window one average pool takes on every NPU target (Vela's AVG_POOL2D limit for
-# unpadded windows: each side up to 256); a larger mean is a sum and a multiply.
-MAX_POOL_SIDE = 256
-
-
-def _pool_fits(hw) -> bool:
-    return all(1 <= int(n) <= MAX_POOL_SIDE for n in hw)
+def _pool_fits(x: Ref) -> bool:
+    """Whether the IR's average pool holds a mean over the whole plane: its window sum of widened
+    int8 codes (at most 255 * WIDEN each) is an int32, as TOSA's average accumulates; int16 codes
+    are summed exactly by a convolution of any size. A backend whose pool takes less splits it
+    in its own rewrite (Ethos-U: ``ethosu.pool_limit``)."""
+    h, w = (int(n) for n in x.torch_shape[2:])
+    return h >= 1 and w >= 1 and (_int16(x) or h * w * 255 * WIDEN <= 2**31 - 1)
 
 
 def _global_average(ctx: ImportContext, x: Ref, keepdim: bool) -> Ref:
@@ -302,7 +302,7 @@ def reduce_dims(ctx: ImportContext, input: Ref, dims, mean: bool, keepdim: bool)
     dims = sorted({layout.normalize_axis(d, x.rank) for d in dims})
     count = int(np.prod([x.torch_shape[d] for d in dims]))
     quantized = x.is_quantized and not x.spec.is_per_channel
-    if mean and quantized and x.rank == 4 and dims == [2, 3] and _pool_fits(x.torch_shape[2:]):
+    if mean and quantized and x.rank == 4 and dims == [2, 3] and _pool_fits(x):
         return _global_average(ctx, x, keepdim)
     if quantized:
         v = ctx.rescale(ctx.value_in(x), QuantSpec.per_tensor(x.spec.scale[0], 0, DType.INT32), x.perm)
