@@ -1,4 +1,5 @@
-"""A stable text form of graphs, for golden tests and for users debugging.
+"""A stable text form of graphs, for golden tests and for users debugging (``exact=True``: the
+form ``qlower.ir.parser`` reads back, see ``qlower.ir.text``).
 
     graph main(%x: int8[1x8x8x3] {s=0.1 zp=-3}) {
       %w = constant int8[4x3x3x3] {s=[..] zp=0 axis=0}
@@ -14,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from qlower.ir.graph import Graph, Op, Operand
+from qlower.ir.text import attr_text, type_text
 
 
 def _fmt_attr(value: Any) -> str:
@@ -34,8 +36,14 @@ def _fmt_operand(o: Operand) -> str:
     return f"%{o.name}"
 
 
-def print_op(op: Op, show_types: bool = True) -> str:
+def print_op(op: Op, show_types: bool = True, exact: bool = False) -> str:
+    """One op as text; ``exact``: every bit of every attribute and type (``qlower.ir.parser`` reads it)."""
     results = ", ".join(f"%{r.name}" for r in op.results)
+    if exact:
+        args = ", ".join(_fmt_operand(o) for o in op.operands)
+        attrs = ", ".join(f"{k}={attr_text(v)}" for k, v in sorted(op.attrs.items()))
+        return (f"{results} = {op.kind}({args})" + (" {" + attrs + "}" if attrs else "")
+                + " : " + ", ".join(type_text(r.type) for r in op.results))
     if op.kind == "constant":
         data = op.attrs["data"]
         body = f"constant {_fmt_attr(data)}" if data.size <= 8 else "constant"
@@ -50,10 +58,12 @@ def print_op(op: Op, show_types: bool = True) -> str:
     return text
 
 
-def print_graph(graph: Graph, show_types: bool = True) -> str:
-    params = ", ".join(f"%{v.name}: {v.type}" for v in graph.inputs)
+def print_graph(graph: Graph, show_types: bool = True, exact: bool = False) -> str:
+    """The graph as text; ``exact``: the form ``qlower.ir.parser.parse_graph`` reads back to an equal
+    graph (every scale, zero point and constant in full, every type shown)."""
+    params = ", ".join(f"%{v.name}: {type_text(v.type) if exact else v.type}" for v in graph.inputs)
     lines = [f"graph {graph.name}({params}) {{"]
-    lines += ["  " + print_op(op, show_types) for op in graph.ops]
+    lines += ["  " + print_op(op, show_types, exact) for op in graph.ops]
     lines.append("  return " + ", ".join(f"%{v.name}" for v in graph.outputs))
     lines.append("}")
     return "\n".join(lines)
