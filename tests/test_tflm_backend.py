@@ -104,6 +104,32 @@ class _PaddedMean(torch.nn.Module):
         return self.pool(torch.relu(self.conv(x)))
 
 
+class _WideMean(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1), 1))
+
+
+def test_a_mean_over_more_taps_than_a_table_takes_runs_on_tflm_bit_exact():
+    """576 taps: the sums span ~147,000 integers, beyond one 2**16 table, so the mean is a bucketed lookup
+    (lookup.py), checked here against the reference on random inputs."""
+    model = _WideMean().eval()
+    example = (torch.randn(1, 3, 24, 24),)
+    calibration = [(torch.randn(1, 3, 24, 24) * 2,) for _ in range(4)]
+    prog = qlower.compile(model, example, target="tflm", calibration=calibration, progress=False)
+    part = _tflm_partition(prog)
+    assert prog.graph.count_ops() == {"delegate": 1}
+    assert part.payload.meta["tflite_ops"].get("DIV"), "the bucket index"
+    for seed in range(4):
+        inputs = _inputs([x.numpy() for x in example], seed)
+        inputs = [x * (1 + seed) for x in inputs]   # up to the clamps, where sums reach their ends
+        _assert_same(prog.run(*inputs), run_graph(prog.source, inputs))
+
+
 def test_ops_without_a_tflm_form_stay_on_the_host_named_with_a_reason(tmp_path: Path):
     model, example = _PaddedMean().eval(), (torch.randn(1, 3, 8, 8),)
     calibration = [(torch.randn(1, 3, 8, 8),) for _ in range(4)]

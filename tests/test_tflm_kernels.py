@@ -97,3 +97,37 @@ def test_left_out_casts_and_gathers_are_refused_by_tflm():
                    options("GatherOptions", Axis=0))
         with pytest.raises(ExecutionError, match="TFLM"):
             _run(b.writer.finish([idx], [out]), [np.array([0, 1, 2], np.int32)])
+
+
+class _Stub:
+    """What ``lookup`` needs of the exporter: a builder and a place to bind the result."""
+
+    def __init__(self):
+        self.b = Builder()
+        self.bound = None
+
+    def bind(self, value, tensor):
+        self.bound = tensor
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16"])
+def test_a_bucketed_lookup_is_exact_on_every_index(dtype):
+    """A requantized sum over 300,000 integers (beyond one 2**16 table): every index through TFLM,
+    the change points included, gives the table's value."""
+    from types import SimpleNamespace
+
+    from qlower.backends.tflm.lookup import lookup
+    from qlower.ir import DType, QuantSpec, TensorType
+
+    n, lo = 300_000, -150_000
+    sums = np.arange(lo, lo + n, dtype=np.int64)
+    info = np.iinfo(dtype)
+    table = np.clip(np.floor(sums * 0.0131 + 0.5), info.min, info.max).astype(np.int64)
+    out = TensorType((n,), DType(dtype), QuantSpec.per_tensor(0.1, 0, DType(dtype)))
+    op = SimpleNamespace(result=SimpleNamespace(name="y", type=out, shape=(n,)))
+    ex = _Stub()
+    x = ex.b.tensor("x", (n,), "int32")
+    lookup(ex, op, table, lo, index=x)
+    model = ex.b.writer.finish([x], [ex.bound])
+    (got,) = runner.run(model, 1 << 24, [sums.astype(np.int32)])
+    np.testing.assert_array_equal(got, table.astype(dtype))

@@ -6,13 +6,12 @@ Where LiteRT's exact form needs what TFLM lacks, another exact form replaces it:
 
 - a rescale of int8/int16 codes by an integer power of two (the widening of a
   global average, an ADD operand's shift) is int32 arithmetic, never a table;
-- a rescale, table or average of a narrow range whose result is not int8 is a
-  GATHER from a float32 table (TFLM has no int16 or int32 GATHER) and a CAST;
+- a rescale, table or average of a range of at most 2**22 integers is a lookup
+  of the reference's own numbers (``lookup.py``);
 - an average pool with one tap count is its exact window sums (a float32
-  depthwise convolution of ones) and a table of the reference's averages;
+  depthwise convolution of ones) and a lookup of the reference's averages;
 - the frontend's global average (widen x k, pool, rescale: ``global_means``) is
-  one table of the sum of the centered int8 codes, when the widening is linear
-  and the sums span at most 2**16 integers.
+  one lookup by the sum of the centered int8 codes, when the widening is linear.
 
 What is left needs 64-bit integer arithmetic (the requantization of a wide
 int32 range outside a fused GEMM) or a kernel TFLM lacks; such an op is
@@ -30,13 +29,11 @@ from tflite.Padding import Padding
 from qlower.backends.global_means import GlobalMean, global_means
 from qlower.backends.litert.emit import NotExact, channel_shape, options, tflite_quant
 from qlower.backends.litert.export import _Export, _tfl_dtype
-from qlower.backends.litert.ranges import MAX_TABLE, table_span
 from qlower.backends.tflm.kernels import first_refusal
+from qlower.backends.tflm.lookup import FLOAT_EXACT, WIDE_TABLE, lookup
 from qlower.errors import UnsupportedOpError
 from qlower.ir import DType, Graph, Op, requant
 from qlower.reference.pooling import pool_counts, reciprocal_scale
-
-FLOAT_TABLE_LIMIT = 2**24   # integers a float32 table holds exactly
 
 
 class TflmExport(_Export):
@@ -65,30 +62,7 @@ class TflmExport(_Export):
             raise NotExact(reason)
 
 
-# -- lookups ---------------------------------------------------------------------------------------
-
-def _lookup(ex: TflmExport, op: Op, table: np.ndarray, lo: int, hi: int, index: int | None = None) -> None:
-    """``op``'s result as ``table[clip(x - lo)]`` for an integer ``x`` known to lie in ``[lo, hi]``: an int8
-    GATHER, or a float32 one and a CAST for wider results (TFLM gathers only int8 and float32)."""
-    b, name = ex.b, op.result.name
-    idx = ex.plain(op.operands[0]) if index is None else index
-    if lo:
-        idx = b.binary_const(B.SUB, idx, np.int32(lo), f"{name}/index")
-    if hi - lo + 1 > table.size:   # (never: tables cover the proven range) keep reads inside
-        idx = b.clamp(idx, np.int32(0), np.int32(table.size - 1), f"{name}/inside")
-    out = _tfl_dtype(op.result.type)
-    quant = tflite_quant(op.result.type)
-    if out == "int8":
-        tab = b.const(f"{name}/table", np.asarray(table).astype(np.int8), "int8", quant)
-        ex.result(op, B.GATHER, [tab, idx], options("GatherOptions", Axis=0))
-        return
-    if np.abs(table).max(initial=0) >= FLOAT_TABLE_LIMIT:
-        raise NotExact("a table of values float32 can't hold exactly (TFLM gathers only int8 and float32)")
-    tab = b.const(f"{name}/table", np.asarray(table).astype(np.float32), "float32")
-    y = b.op(B.GATHER, [tab, idx], f"{name}/f32", op.result.shape, "float32",
-             opts=options("GatherOptions", Axis=0))
-    ex.bind(op.result, b.cast(y, out, name, quant))
-
+# -- rescales and tables ---------------------------------------------------------------------------
 
 def _rescale(ex: TflmExport, op: Op) -> bool:
     if id(op) in ex.composed:
@@ -106,13 +80,13 @@ def _rescale(ex: TflmExport, op: Op) -> bool:
             and reach + abs(out.zero_point[0]) < 2**31:
         _scaled(ex, op, power.astype(np.int64))
         return True
-    if src.is_per_channel or not table_span(lo, hi):
+    if src.is_per_channel or hi - lo + 1 > WIDE_TABLE:
         raise NotExact("requantizing a wide int32 range outside a fused kernel needs 64-bit integer "
                        "arithmetic, which TFLM's kernels lack")
     codes = np.arange(lo, hi + 1, dtype=np.int64)
     table = requant.rescale(codes, np.asarray(src.zero_point), out.zero_point[0], mult, out.qmin, out.qmax,
                             rounding=op.attrs["rounding"])
-    _lookup(ex, op, table, lo, hi)
+    lookup(ex, op, table, lo)
     return True
 
 
@@ -139,7 +113,7 @@ def _table(ex: TflmExport, op: Op) -> bool:
     offset, table = op.attrs["offset"], np.asarray(op.attrs["table"])
     lo, hi = ex.ranges.of(op.operands[0])
     # the reference clips x + offset into the table: the proven range's entries, in order
-    _lookup(ex, op, table[np.clip(np.arange(lo, hi + 1) + offset, 0, table.size - 1)], lo, hi)
+    lookup(ex, op, table[np.clip(np.arange(lo, hi + 1) + offset, 0, table.size - 1)], lo)
     return True
 
 
@@ -179,14 +153,14 @@ def _avg_pool(ex: TflmExport, op: Op) -> bool:
     counts = pool_counts(op)
     taps = int(counts.flat[0])
     s_lo, s_hi = _sum_range(ex, x, taps)
-    if not table_span(s_lo, s_hi) or max(abs(s_lo), abs(s_hi)) >= FLOAT_TABLE_LIMIT:
-        raise NotExact(f"the window sums span more than {MAX_TABLE} integers")
+    if s_hi - s_lo + 1 > WIDE_TABLE or max(abs(s_lo), abs(s_hi)) >= FLOAT_EXACT:
+        raise NotExact(f"the window sums span more than {WIDE_TABLE} integers")
     zp = x.type.quant.zero_point[0]
     acc = _window_sums(ex, x, zp, op.attrs["kernel"], op.attrs["stride"], op.result.name)
     sums = np.arange(s_lo, s_hi + 1, dtype=np.int64)
     m = reciprocal_scale(np.asarray([taps]))
     table = np.clip(requant.apply_scale_32(sums, m.multiplier[0], m.shift[0]) + zp, x.dtype.min, x.dtype.max)
-    _lookup(ex, op, table, s_lo, s_hi, index=acc)
+    lookup(ex, op, table, s_lo, index=acc)
     return True
 
 
@@ -208,7 +182,8 @@ def _mean_table(ex: TflmExport, mean: GlobalMean) -> tuple[np.ndarray, int] | No
         return None
     taps = int(np.prod(mean.pool.attrs["kernel"]))
     s_lo, s_hi = _sum_range(ex, x, taps)
-    if not table_span(s_lo, s_hi) or max(abs(s_lo), abs(s_hi)) * k >= 2**31:
+    if s_hi - s_lo + 1 > WIDE_TABLE or max(abs(s_lo), abs(s_hi)) * k >= 2**31 \
+            or max(abs(s_lo), abs(s_hi)) >= FLOAT_EXACT:
         return None
     # the reference's own steps: the pool of k * (x - zp) (its input's zero point removed), then the rescale
     sums = np.arange(s_lo, s_hi + 1, dtype=np.int64) * k
@@ -227,7 +202,7 @@ def _mean(ex: TflmExport, mean: GlobalMean, table: np.ndarray, s_lo: int) -> Non
     x = mean.widen.operands[0]
     acc = _window_sums(ex, x, x.type.quant.zero_point[0], mean.pool.attrs["kernel"], (1, 1),
                        mean.final.result.name)
-    _lookup(ex, mean.final, table, s_lo, s_lo + table.size - 1, index=acc)
+    lookup(ex, mean.final, table, s_lo, index=acc)
 
 
 _OWN: dict[str, Callable[[TflmExport, Op], bool]] = {
