@@ -1,4 +1,5 @@
-"""Constant folding: structural before/after texts plus bit-identical runs.
+"""Constant folding: structural before/after texts (some as exact texts, qlower/ir/parser.py) plus
+bit-identical runs.
 
 S3 (SCENARIOS.md): a concat of quantized ramps folds to exactly the eager
 quantized reference. The expected codes are derived by hand in the comments.
@@ -11,7 +12,7 @@ from qlower.errors import ExecutionError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType
 from qlower.passes import FoldConstants, PassManager, default_pipeline, eliminate_dead_code, fold_constants
 from qlower.reference import run_graph
-from qlower.testing.graph_checks import assert_graph_text, assert_same_outputs
+from qlower.testing.graph_checks import assert_graph_text, assert_rewrites, assert_same_outputs
 
 OUT = QuantSpec.per_tensor(1 / 127, 0, qmin=-127, qmax=127)
 H = np.linspace(-1 + 1 / 5, 1 - 1 / 5, 5)   # -0.8 -0.4 0 0.4 0.8, varies along W
@@ -127,35 +128,37 @@ def test_s3_one_constant_and_one_runtime_input_folds_only_the_constant_side():
 def test_conv_of_constants_folds_through_the_int32_accumulator():
     # x codes 1 2 3 4 (s=0.5) times w code 3 (s=0.25): accumulator codes 3 6 9 12 at s=0.125;
     # rescale to s=0.25 halves them: 1.5 3 4.5 6 -> round half up -> 2 3 5 6.
-    b = GraphBuilder()
-    x = b.constant(np.array([1, 2, 3, 4], np.int8).reshape(1, 2, 2, 1), QuantSpec.per_tensor(0.5), name="x")
-    w = b.constant(np.full((1, 1, 1, 1), 3, np.int8), QuantSpec.per_tensor(0.25), name="w")
-    acc = b.op("conv2d", x, w, None, name="acc")
-    before = b.build([b.op("rescale", acc, out=QuantSpec.per_tensor(0.25), name="y")])
-    after = fold(before)
-    assert_graph_text(after, """
+    assert_rewrites(fold, """
         graph main() {
-          %y = constant int8[1, 2, 2, 1][2, 3, 5, 6] : int8[1x2x2x1] {s=0.25 zp=0}
+          %x = constant() {data=array(int8[1x2x2x1], [1, 2, 3, 4]), quant=quant(int8 {s=0.5 zp=0})}
+          %w = constant() {data=array(int8[1x1x1x1], [3]), quant=quant(int8 {s=0.25 zp=0})}
+          %acc = conv2d(%x, %w, none) {dilation=(1, 1), groups=1, pad=(0, 0, 0, 0), stride=(1, 1)}
+          %y = rescale(%acc) {out=quant(int8 {s=0.25 zp=0})}
+          return %y
+        }""", """
+        graph main() {
+          %y = constant() {data=array(int8[1x2x2x1], [2, 3, 5, 6]), quant=quant(int8 {s=0.25 zp=0})}
           return %y
         }""")
 
 
 def test_transposed_per_channel_weight_folds_with_its_channel_axis_moved():
-    b = GraphBuilder()
-    x = b.input("x", TensorType((2, 3), DType.INT8, QuantSpec.per_tensor(0.1, 2)))
-    w_io = np.arange(12, dtype=np.int8).reshape(3, 4) - 6   # [in, out], one scale per output column
-    w = b.constant(w_io, QuantSpec.per_channel([0.5, 0.25, 0.125, 0.0625], axis=1), name="w")
-    wt = b.op("transpose", w, perm=(1, 0), name="w_oi")
-    before = b.build([b.op("fully_connected", x, wt, None, name="fc")])
-    after = fold(before)
-    assert_graph_text(after, """
+    # the weight [in, out] with one scale per output column, transposed to [out, in]: folded, its
+    # data transposed and its channel axis moved from 1 to 0
+    assert_rewrites(fold, """
         graph main(%x: int8[2x3] {s=0.1 zp=2}) {
-          %w_oi = constant : int8[4x3] {s=[0.5,0.25,0.125,0.0625] zp=[0,0,0,0] axis=0}
+          %w = constant() {data=array(int8[3x4], [-6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5]),
+                           quant=quant(int8 {s=[0.5,0.25,0.125,0.0625] zp=[0,0,0,0] axis=1})}
+          %w_oi = transpose(%w) {perm=(1, 0)}
+          %fc = fully_connected(%x, %w_oi, none)
+          return %fc
+        }""", """
+        graph main(%x: int8[2x3] {s=0.1 zp=2}) {
+          %w_oi = constant() {data=array(int8[4x3], [-6, -2, 2, -5, -1, 3, -4, 0, 4, -3, 1, 5]),
+                              quant=quant(int8 {s=[0.5,0.25,0.125,0.0625] zp=[0,0,0,0] axis=0})}
           %fc = fully_connected(%x, %w_oi, none)
           return %fc
         }""")
-    assert np.array_equal(after.ops[0].attrs["data"], w_io.T)
-    assert_same_outputs(before, after)
 
 
 def test_large_results_are_not_folded_except_weight_transforms():

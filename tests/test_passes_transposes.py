@@ -1,4 +1,5 @@
-"""Transpose cancellation and sinking: expected graphs as text, and bit-identical runs."""
+"""Transpose cancellation and sinking: expected graphs as text (some before/after as exact texts,
+qlower/ir/parser.py), and bit-identical runs."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,7 @@ import pytest
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType
 from qlower.passes import PassManager, cancel_transposes, eliminate_dead_code
 from qlower.passes.transposes import compose, inverse, moves_only_unit_dims
-from qlower.testing.graph_checks import assert_graph_text, assert_same_outputs
+from qlower.testing.graph_checks import assert_graph_text, assert_rewrites, assert_same_outputs
 
 TO_NCHW, TO_NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
 Q = QuantSpec.per_tensor(0.05, -3)
@@ -17,6 +18,10 @@ def run(before):
     result = PassManager([cancel_transposes, eliminate_dead_code], verify=True)(before)
     assert_same_outputs(before, result.graph)
     return result
+
+
+def passes(before):
+    return run(before).graph
 
 
 def test_permutation_algebra():
@@ -67,15 +72,16 @@ def test_identity_transpose_is_removed_and_a_lone_transpose_stays():
 
 
 def test_transpose_sinks_through_rescale_and_clamp_and_cancels():
-    b = GraphBuilder()
-    x = b.input("x", TensorType((1, 2, 3, 4), DType.INT8, Q))
-    t = b.op("transpose", x, perm=TO_NCHW)
-    r = b.op("rescale", t, out=QuantSpec.per_tensor(0.1, 5), name="r")
-    c = b.op("clamp", r, min=-20, max=90, name="c")
-    before = b.build([b.op("transpose", c, perm=TO_NHWC, name="y")])
-    assert_graph_text(run(before).graph, """
+    assert_rewrites(passes, """
         graph main(%x: int8[1x2x3x4] {s=0.05 zp=-3}) {
-          %r = rescale(%x) {out={s=0.1 zp=5}, rounding=single}
+          %t = transpose(%x) {perm=(0, 3, 1, 2)}
+          %r = rescale(%t) {out=quant(int8 {s=0.1 zp=5})}
+          %c = clamp(%r) {max=90, min=-20}
+          %y = transpose(%c) {perm=(0, 2, 3, 1)}
+          return %y
+        }""", """
+        graph main(%x: int8[1x2x3x4] {s=0.05 zp=-3}) {
+          %r = rescale(%x) {out=quant(int8 {s=0.1 zp=5})}
           %c = clamp(%r) {max=90, min=-20}
           return %c
         }""")
@@ -84,20 +90,21 @@ def test_transpose_sinks_through_rescale_and_clamp_and_cancels():
 def test_per_channel_accumulator_keeps_its_channels_through_sinking():
     # conv -> NCHW -> per-channel rescale -> NHWC: after cancelling, the rescale reads the accumulator
     # in NHWC, its channel axis back on 3; a rescale that paired scales with the wrong axis would differ.
-    b = GraphBuilder()
-    x = b.input("x", TensorType((1, 3, 3, 2), DType.INT8, QuantSpec.per_tensor(0.1, 1)))
-    w = b.constant(np.arange(-6, 6, dtype=np.int8).reshape(3, 1, 2, 2),
-                   QuantSpec.per_channel([0.5, 0.02, 0.001], axis=0), name="w")
-    acc = b.op("conv2d", x, w, None, name="acc")
-    t = b.op("transpose", acc, perm=TO_NCHW, name="acc_nchw")
-    assert t.quant.axis == 1
-    r = b.op("rescale", t, out=QuantSpec.per_tensor(0.01, 0), name="r")
-    before = b.build([b.op("transpose", r, perm=TO_NHWC, name="y")])
-    assert_graph_text(run(before).graph, """
+    assert_rewrites(passes, """
         graph main(%x: int8[1x3x3x2] {s=0.1 zp=1}) {
-          %w = constant : int8[3x1x2x2] {s=[0.5,0.02,0.001] zp=[0,0,0] axis=0}
+          %w = constant() {data=array(int8[3x1x2x2], [-6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5]),
+                           quant=quant(int8 {s=[0.5,0.02,0.001] zp=[0,0,0] axis=0})}
           %acc = conv2d(%x, %w, none) {dilation=(1, 1), groups=1, pad=(0, 0, 0, 0), stride=(1, 1)}
-          %r = rescale(%acc) {out={s=0.01 zp=0}, rounding=single}
+          %acc_nchw = transpose(%acc) {perm=(0, 3, 1, 2)} : int32[1x3x3x2] {s=[0.05,0.002,0.0001] zp=[0,0,0] axis=1}
+          %r = rescale(%acc_nchw) {out=quant(int8 {s=0.01 zp=0})}
+          %y = transpose(%r) {perm=(0, 2, 3, 1)}
+          return %y
+        }""", """
+        graph main(%x: int8[1x3x3x2] {s=0.1 zp=1}) {
+          %w = constant() {data=array(int8[3x1x2x2], [-6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5]),
+                           quant=quant(int8 {s=[0.5,0.02,0.001] zp=[0,0,0] axis=0})}
+          %acc = conv2d(%x, %w, none) {dilation=(1, 1), groups=1, pad=(0, 0, 0, 0), stride=(1, 1)}
+          %r = rescale(%acc) {out=quant(int8 {s=0.01 zp=0})}
           return %r
         }""")
 
@@ -135,18 +142,21 @@ def test_binary_op_with_a_constant_gets_the_constant_permuted_at_compile_time():
 
 
 def test_int32_per_channel_constant_operand_is_permuted_with_its_axis():
-    s = QuantSpec.per_tensor(0.5, 0, DType.INT32)
-    b = GraphBuilder()
-    x = b.input("x", TensorType((1, 2, 3, 4), DType.INT32, s))
-    t = b.op("transpose", x, perm=TO_NCHW)
-    c = b.constant(np.array([1, -2, 3, -4], np.int32).reshape(1, 4, 1, 1),
-                   QuantSpec.per_channel([1, 2, 3, 4], axis=1, dtype=DType.INT32), name="c")
-    m = b.op("mul", t, c, shift=1, name="m")
-    before = b.build([b.op("transpose", m, perm=TO_NHWC, name="y")])
-    after = run(before).graph
-    assert after.count_ops() == {"constant": 1, "mul": 1}
-    assert after.ops[0].result.type.quant.axis == 3
-    assert after.outputs[0].type == before.outputs[0].type
+    assert_rewrites(passes, """
+        graph main(%x: int32[1x2x3x4] {s=0.5 zp=0}) {
+          %t = transpose(%x) {perm=(0, 3, 1, 2)}
+          %c = constant() {data=array(int32[1x4x1x1], [1, -2, 3, -4]),
+                           quant=quant(int32 {s=[1.0,2.0,3.0,4.0] zp=[0,0,0,0] axis=1})}
+          %m = mul(%t, %c) {shift=1}
+          %y = transpose(%m) {perm=(0, 2, 3, 1)} : int32[1x2x3x4] {s=[1.0,2.0,3.0,4.0] zp=[0,0,0,0] axis=3}
+          return %y
+        }""", """
+        graph main(%x: int32[1x2x3x4] {s=0.5 zp=0}) {
+          %c = constant() {data=array(int32[1x1x1x4], [1, -2, 3, -4]),
+                           quant=quant(int32 {s=[1.0,2.0,3.0,4.0] zp=[0,0,0,0] axis=3})}
+          %m = mul(%x, %c) {shift=1}
+          return %m
+        }""")
 
 
 def test_reshape_reads_past_a_transpose_that_only_moves_unit_dims():

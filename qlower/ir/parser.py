@@ -171,11 +171,37 @@ class _Line:
         return data
 
 
+def _depth(line: str) -> int:
+    """How many more brackets ``line`` opens than it closes (outside strings)."""
+    bare = re.sub(r'"(?:[^"\\]|\\.)*"', "", line)
+    return sum(bare.count(c) for c in "([{") - sum(bare.count(c) for c in ")]}")
+
+
+def _logical_lines(text: str) -> list[tuple[int, str]]:
+    """(first line number, text) of each statement: comments and blank lines dropped, a line that
+    leaves a bracket open continued by the next ones (the graph's own ``{`` excepted)."""
+    out: list[tuple[int, str]] = []
+    pending: tuple[int, str] | None = None
+    for i, raw in enumerate(text.splitlines()):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if pending is not None:
+            pending = (pending[0], f"{pending[1]} {line}")
+        else:
+            pending = (i + 1, line)
+        if not out or _depth(pending[1]) <= 0:
+            out.append(pending)
+            pending = None
+    if pending is not None:
+        out.append(pending)
+    return out
+
+
 def parse_graph(text: str) -> Graph:
     """The graph ``text`` describes (``print_graph(graph, exact=True)``'s form); IRError naming the
     line otherwise. Blank lines and ``#`` comments are skipped; indentation is free."""
-    lines = [(i + 1, line.split("#", 1)[0].strip()) for i, line in enumerate(text.splitlines())]
-    lines = [(n, line) for n, line in lines if line]
+    lines = _logical_lines(text)
     if len(lines) < 2:
         raise IRError("a graph's text needs a 'graph NAME(...) {' line and a '}' line")
     env: dict[str, Value] = {}

@@ -1,4 +1,5 @@
-"""Checks for graph-rewriting tests: structural (printed text) and numeric (bit-identical runs).
+"""Checks for graph-rewriting tests: structural (printed text, or exact texts parsed and compared
+up to names and order: ``assert_rewrites``) and numeric (bit-identical runs).
 
 A pass test states the graph it expects as a short hand-written text and
 compares it with ``print_graph``; it then runs the graph before and after the
@@ -12,7 +13,9 @@ import textwrap
 
 import numpy as np
 
-from qlower.ir import Graph, print_graph
+from qlower.ir import Graph, print_graph, verify_graph
+from qlower.ir.compare import graph_difference
+from qlower.ir.parser import parse_graph
 from qlower.reference import run_graph
 
 
@@ -48,3 +51,22 @@ def assert_graph_text(graph: Graph, expected: str, show_types: bool = False) -> 
     got = print_graph(graph, show_types=show_types).strip()
     want = textwrap.dedent(expected).strip()
     assert got == want, f"graph differs from the expected text.\n--- got\n{got}\n--- expected\n{want}"
+
+
+def assert_structure(graph: Graph, expected: str) -> None:
+    """``graph`` is the computation the exact text ``expected`` describes (``qlower.ir.parser``),
+    up to value names and op order (``qlower.ir.compare``)."""
+    want = verify_graph(parse_graph(textwrap.dedent(expected)))
+    problem = graph_difference(graph, want)
+    assert problem is None, (f"graph differs from the expected text: {problem}\n--- got\n"
+                             f"{print_graph(graph, exact=True)}\n--- expected\n{print_graph(want, exact=True)}")
+
+
+def assert_rewrites(run, before: str, after: str) -> Graph:
+    """A before/after test of a pass as two texts: ``run`` (Graph -> Graph) takes the graph
+    ``before`` describes to the one ``after`` describes, with bit-identical outputs; returns it."""
+    graph = verify_graph(parse_graph(textwrap.dedent(before)))
+    result = run(graph)
+    assert_structure(result, after)
+    assert_same_outputs(graph, result)
+    return result
