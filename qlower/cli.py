@@ -123,15 +123,8 @@ def cmd_compile(args) -> int:
     prog = qlower.compile(model, example, target=args.target, quant=quant, calibration=calib,
                           verify_passes=args.verify_passes, backend_options=_options(args.target, args.option))
     say(prog.explain())
-    if args.output and args.format == "tflite" and args.target == "tflm":
-        say(f"wrote {prog.export(args.output, format='tflite')} (TFLite, for TFLite Micro); bit-exact with the "
-            "reference interpreter under TFLM's reference kernels")
-    elif args.output and args.format == "tflite":
-        exact = qlower.tflite_exact_kernels(prog)
-        where = (f"bit-exact with the reference interpreter under LiteRT's {' and '.join(exact)} kernels" if exact
-                 else "its requantization rounds as no LiteRT kernels are guaranteed to: compile with --target "
-                      "litert (--option kernels=...) for a file LiteRT reproduces exactly")
-        say(f"wrote {prog.export(args.output, format='tflite')} (TFLite, for LiteRT); {where}")
+    if args.output and args.format == "tflite":   # the target's backend says what the file is (export_note)
+        say(f"wrote {prog.export(args.output, format='tflite')} ({prog.export_note('tflite')})")
     elif args.output:
         prog.save(args.output)
         say(f"wrote {args.output}")

@@ -192,6 +192,12 @@ class Backend(ABC):
         return {}
 
     @classmethod
+    def export_note(cls, target: str, format: str, source: Graph) -> str:
+        """One line for the user about the file its ``format`` exporter writes of ``source`` (what
+        runs it, whether it computes the program's numbers exactly); default: the format's name."""
+        return format
+
+    @classmethod
     def cost_report(cls, payload: Payload) -> CostReport | None:
         """What ``payload`` costs its device, when this backend's compiler estimates it (default:
         None); ValueError when its metadata (a program file's) can't be read as one."""

@@ -99,3 +99,16 @@ def test_verification_reads_the_cost_report_the_backend_declares(monkeypatch):
                                        (example[0].repeat(2, 1, 1, 1), [0, 1]), progress=False)
     parts = accuracy.cycles // 30
     assert parts >= 1 and accuracy.cycles == 30 * parts and "Probe estimate: " in accuracy.table()
+
+
+def test_the_exporting_backend_says_what_the_file_is(programs, monkeypatch):
+    from qlower.backends.tflm import TflmBackend
+
+    assert programs["tflm"].export_note() == ("TFLite, for TFLite Micro: bit-exact with the reference interpreter "
+                                              "under TFLM's reference kernels")
+    assert programs["litert"].export_note().startswith("TFLite, for LiteRT: bit-exact with the reference")
+    assert programs["reference"].export_note().startswith("TFLite, for LiteRT: ")   # litert writes it
+    monkeypatch.setattr(TflmBackend, "export_note", classmethod(lambda cls, target, format, source: "probe"))
+    assert programs["tflm"].export_note("tflite") == "probe"
+    with pytest.raises(ValueError, match="unknown export format 'onnx'"):
+        programs["tflm"].export_note("onnx")

@@ -13,6 +13,7 @@ from typing import Any
 from qlower.backends.options import check_options, option_types
 from qlower.contract import Backend, CostReport, Exporter, Payload
 from qlower.errors import ConfigError, UnknownTargetError
+from qlower.ir import Graph
 
 # target -> (module, class); "reference" and "cpu" run the whole graph on the host.
 _NPU_TARGETS: dict[str, tuple[str, str]] = {
@@ -118,17 +119,30 @@ def export_formats(target: str) -> list[str]:
     return sorted(set(own) | set(_ANY_PROGRAM_FORMATS))
 
 
-def exporter_for(target: str, format: str) -> Exporter:
-    """The exporter writing a program compiled for ``target`` in ``format``: the one its backend
-    declares, else the one every program gets; a ValueError listing the formats otherwise."""
+def _exporting(target: str, format: str) -> tuple[type[Backend], str]:
+    """The backend class (and its target) that exports a program compiled for ``target`` in
+    ``format``: the target's own when it declares the format, else the format's home backend; a
+    ValueError listing the formats otherwise."""
     backend_cls = _backend_class(target, None)
-    own = backend_cls.exporters(target) if backend_cls is not None else {}
-    if format in own:
-        return own[format]
+    if backend_cls is not None and format in backend_cls.exporters(target):
+        return backend_cls, target
     home = _ANY_PROGRAM_FORMATS.get(format) if isinstance(format, str) else None
     if home is None:
         raise ValueError(f"unknown export format {format!r}; formats: {', '.join(export_formats(target))}")
-    return _backend_class(home, None).exporters(home)[format]
+    return _backend_class(home, None), home
+
+
+def exporter_for(target: str, format: str) -> Exporter:
+    """The exporter writing a program compiled for ``target`` in ``format``: the one its backend
+    declares, else the one every program gets; a ValueError listing the formats otherwise."""
+    backend_cls, owner = _exporting(target, format)
+    return backend_cls.exporters(owner)[format]
+
+
+def export_note(target: str, format: str, source: Graph) -> str:
+    """What the exporter of ``exporter_for(target, format)`` says about the file it writes of ``source``."""
+    backend_cls, owner = _exporting(target, format)
+    return backend_cls.export_note(owner, format, source)
 
 
 def cost_report(payload: Payload) -> CostReport | None:

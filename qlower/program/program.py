@@ -141,6 +141,13 @@ class Program:
 
         return export_formats(self.target)
 
+    def export_note(self, format: str = "tflite") -> str:
+        """One line about the file ``export(path, format)`` writes: what runs it, and whether it
+        computes this program's numbers exactly (its backend says, ``Backend.export_note``)."""
+        from qlower.backends.registry import export_note
+
+        return export_note(self.target, format, self.source)
+
     def export(self, path: str | os.PathLike, format: str = "tflite") -> str:
         """Write the whole program (host ops, every partition's ops, float fallbacks) as one deployable
         model file; returns its path. The target's backend declares the formats and how it writes

@@ -69,6 +69,15 @@ class LiteRtBackend(Backend):
     def exporters(cls, target: str) -> dict[str, Exporter]:
         return {"tflite": export_program}
 
+    @classmethod
+    def export_note(cls, target: str, format: str, source: Graph) -> str:
+        exact = rounding.exact_kernels(source)
+        return ("TFLite, for LiteRT: " + (f"bit-exact with the reference interpreter under LiteRT's {' and '.join(exact)} "
+                                          "kernels" if exact else
+                                          "its requantization rounds as no LiteRT kernels are guaranteed to: compile "
+                                          "with --target litert (--option kernels=...) for a file LiteRT reproduces "
+                                          "exactly"))
+
     def __init__(self, kernels: Kernels = "reference", threads: int | None = None):
         if kernels not in KERNELS:
             raise ConfigError(f"litert option kernels={kernels!r} is not one of {', '.join(KERNELS)}")

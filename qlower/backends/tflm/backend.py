@@ -47,6 +47,10 @@ class TflmBackend(Backend):
         """``tflite``: the whole program of TFLM's kernels only, with their rounding (export.py)."""
         return {"tflite": lambda source, payloads, text: export_tflm(source, description=text)}
 
+    @classmethod
+    def export_note(cls, target: str, format: str, source: Graph) -> str:
+        return "TFLite, for TFLite Micro: bit-exact with the reference interpreter under TFLM's reference kernels"
+
     def __init__(self) -> None:
         self._reasons: dict[int, str] = {}
 
