@@ -288,7 +288,7 @@ class QlowerQuantizer(Quantizer):
         const = _Constants(model)
         for n in model.graph.nodes:
             p = packet(n)
-            if p in GEMM and isinstance(n.args[1], Node):
+            if p in GEMM and isinstance(n.args[1], Node) and n.args[1] in const:  # a run-time weight stays float
                 _annotate(n, {n.args[0]: self._dynamic_input_spec(n), n.args[1]: self._weight(n.args[1], self.weight)},
                           share=False)
             elif p in MATMUL and all(isinstance(a, Node) and a not in const for a in n.args[:2]):
