@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 import pytest
+from seeds import blocks, suite_seeds
 
 from qlower.contract import Backend, Payload, Verdict
 from qlower.errors import ExecutionError
@@ -194,3 +195,58 @@ def test_ops_reading_only_host_values_share_one_partition():
     assert [p.values for p in result.partitions] == [("r0", "r1", "r2", "cat")]
     runner = Runner(result.host, result.partitions, {"box": backend})
     np.testing.assert_array_equal(runner.run(_inputs())[0], run_graph(g, _inputs())[0])
+
+
+def _random_dag(seed: int):
+    """Rescales and concats (the box takes them) between host tables, each reading values drawn
+    from anywhere earlier: partitions meet through the host in every order."""
+    rng = np.random.default_rng(seed)
+    b = GraphBuilder()
+    values = [b.input("x", I8)]
+    for i in range(int(rng.integers(4, 14))):
+        x = values[int(rng.integers(len(values)))]
+        kind = rng.choice(["rescale", "table", "concat"], p=[0.45, 0.3, 0.25])
+        if kind == "rescale":
+            values.append(b.op("rescale", x, out=QuantSpec.per_tensor(0.05, int(rng.integers(-5, 5))), name=f"r{i}"))
+        elif kind == "table":
+            values.append(b.op("table", x, table=rng.integers(-128, 128, 256).astype(np.int8), offset=128,
+                               out=Q, name=f"t{i}"))
+        else:
+            y = values[int(rng.integers(len(values)))]
+            if y.type != x.type:
+                y = b.op("rescale", y, out=x.type.quant, name=f"rc{i}")
+            both = b.op("concat", (x, y), axis=3, name=f"c{i}")
+            k = int(rng.integers(0, 9))
+            values.append(b.op("slice", both, start=(0, 0, 0, k), stop=(1, 4, 4, k + 8), name=f"s{i}"))
+    outs = values[-1:] + [values[int(rng.integers(1, len(values)))]]
+    return verify_graph(b.build(outs))
+
+
+@pytest.mark.fuzz
+@pytest.mark.parametrize("block", blocks(suite_seeds(120, "partition-dag"), 40))
+def test_random_graphs_partition_without_cycles_and_run_exactly(block):
+    """Found by the s2 scenario on litert: an op joining an older partition made it wait for a
+    partition that already waited for it through the host ('a cycle between host and partitions')."""
+    for seed in block:
+        g = _random_dag(seed)
+        backend = BoxBackend({"rescale", "concat", "slice"})
+        result = partition(g, backend, "box")
+        verify_graph(result.host)
+        runner = Runner(result.host, result.partitions, {"box": backend})
+        for got, want in zip(runner.run(_inputs(seed)), run_graph(g, _inputs(seed))):
+            np.testing.assert_array_equal(got, want, err_msg=f"seed {seed}")
+
+
+@pytest.mark.parametrize("target", ["litert", "tflm"])
+def test_scenario_s2_partitions_on_the_tflite_targets(target):
+    """S2's dynamic branches left host ops between partitions that the greedy grouping joined into a
+    cycle on litert and tflm; the program must compile and compute the reference program's numbers."""
+    import qlower
+    from qlower import zoo
+
+    model, example, quant, calibration = zoo.get("s2_perchannel_binary")
+    kwargs = dict(quant=quant, calibration=calibration, progress=False)
+    got = qlower.compile(model, example, target=target, **kwargs).run(*example)
+    want = qlower.compile(model, example, target="reference", **kwargs).run(*example)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * float(np.abs(w).max()))

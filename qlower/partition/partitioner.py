@@ -65,28 +65,46 @@ def _assign(graph: Graph, verdicts: dict[Op, Verdict]) -> dict[Op, int]:
     part_of: dict[Op, int] = {}
     # ext[v]: partitions that v depends on through at least one op outside that partition
     ext: dict[Value, frozenset[int]] = defaultdict(frozenset)
+    # needs[p]: the partitions p reads from, directly or through the host. A partition runs as one
+    # call, so an op joining p makes all of p wait for what that op reads: p must not join a
+    # partition that already waits for p (the values' ext alone can't see that, it is per value)
+    needs: dict[int, set[int]] = defaultdict(set)
     n_parts = 0
 
     def producer_part(v: Value) -> int | None:
         p = producer.get(v)
         return part_of.get(p) if p is not None else None
 
+    def waits_for(a: int, b: int) -> bool:
+        stack, seen = [a], {a}
+        while stack:
+            for n in needs[stack.pop()]:
+                if n == b:
+                    return True
+                if n not in seen:
+                    seen.add(n)
+                    stack.append(n)
+        return False
+
     for op in graph.ops:
         if op.kind == "constant":
             continue
         inputs = list(op.input_values())
         if verdicts[op].ok:
+            reads = {p for v in inputs for p in (*ext[v], producer_part(v)) if p is not None}
             # a producer's partition first, then any other (newest first): an op whose inputs all
             # come from the host (q, k and v projections of one input) needn't open a partition
             candidates = [producer_part(v) for v in inputs] + list(range(n_parts - 1, -1, -1))
             chosen = None
             for c in candidates:
-                if c is not None and all(c not in ext[v] for v in inputs):
+                if c is not None and all(c not in ext[v] for v in inputs) \
+                        and not any(waits_for(p, c) for p in reads if p != c):
                     chosen = c
                     break
             if chosen is None:
                 chosen, n_parts = n_parts, n_parts + 1
             part_of[op] = chosen
+            needs[chosen] |= reads - {chosen}
         mine = part_of.get(op)
         deps: set[int] = set()
         for v in inputs:
