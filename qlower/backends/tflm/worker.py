@@ -20,6 +20,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 from frames import from_npy, serve, to_npy, write_frame  # noqa: E402
 
@@ -54,6 +56,10 @@ def _serve(requests: int, answers: int) -> None:
             try:
                 it = runtime.Interpreter.from_bytes(model, arena_size=arena, intrepreter_config=config(preserve))
                 if invoke:
+                    # zeros, not what the arena held: an index input must be in range (GATHER refuses)
+                    for i in range(_count_inputs(model)):
+                        d = it.get_input_details(i)
+                        it.set_input(np.zeros(d["shape"], d["dtype"]), i)
                     it.invoke()
                 code = 0
             finally:
@@ -121,6 +127,12 @@ def _serve(requests: int, answers: int) -> None:
             return [b"error", f"{type(e).__name__}: {e}".encode() + b"\n" + log.read()[-1500:]]
 
     serve(requests, answers, handle)
+
+
+def _count_inputs(model: bytes) -> int:
+    from tflite_micro.python.tflite_micro.runtime import schema_fb
+
+    return schema_fb.Model.GetRootAsModel(model, 0).Subgraphs(0).InputsLength()
 
 
 def _count_outputs(model: bytes) -> list[int]:
