@@ -140,6 +140,15 @@ class CostReport:
 Exporter = Callable[[Graph, Sequence[Payload], str], bytes]
 
 
+@dataclass(frozen=True)
+class HostGraphExporter:
+    """An exporter that writes the program as partitioned (a file holding each partition's payload as
+    such, e.g. as a compiler's custom operators): ``write(host graph, payloads by partition name, description)``,
+    the host graph's ``delegate`` ops naming their partitions. ``Program.export`` calls it so."""
+
+    write: Callable[[Graph, Mapping[str, Payload], str], bytes]
+
+
 class Backend(ABC):
     """One code generator. ``targets`` lists the target names it compiles for."""
 
@@ -185,7 +194,7 @@ class Backend(ABC):
         """Run a payload; inputs and outputs have the payload's boundary types."""
 
     @classmethod
-    def exporters(cls, target: str) -> Mapping[str, Exporter]:
+    def exporters(cls, target: str) -> Mapping[str, Exporter | HostGraphExporter]:
         """The file formats a program compiled for ``target`` exports to (``Program.export``), format
         name -> exporter. The default: none of its own (a format some backend writes for programs
         of any target still applies, see ``qlower.backends.registry.exporter_for``)."""

@@ -155,10 +155,14 @@ class Program:
         computing the program's numbers under the kernels whose rounding it has. UnsupportedOpError
         names an op the format can't hold, with its source line."""
         from qlower.backends.registry import exporter_for
+        from qlower.contract import HostGraphExporter
         from qlower.program.fileformat import write_atomically
 
-        exporter = exporter_for(self.target, format)
-        data = exporter(self.source, [p.payload for p in self.partitions], f"qlower program for {self.target}")
+        exporter, text = exporter_for(self.target, format), f"qlower program for {self.target}"
+        if isinstance(exporter, HostGraphExporter):   # writes the partitions as they are
+            data = exporter.write(self.graph, {p.name: p.payload for p in self.partitions}, text)
+        else:
+            data = exporter(self.source, [p.payload for p in self.partitions], text)
         write_atomically(path, data)
         return os.fspath(path)
 

@@ -35,7 +35,7 @@ from qlower.backends.ethosu.vela import (
 )
 from qlower.backends.tosa.backend import GRAPH_BLOB
 from qlower.backends.tosa.consumer import TosaConsumer, simulated
-from qlower.contract import CostReport, Payload, Verdict
+from qlower.contract import CostReport, HostGraphExporter, Payload, Verdict
 from qlower.errors import CompileError, QlowerError
 from qlower.ir import DType, Graph, GraphBuilder, Op, TensorType, Value, rebuild
 from qlower.ir.rewrite import Rewrite, Rewritten, apply_rewrite
@@ -209,6 +209,20 @@ class EthosUBackend(TosaConsumer):
     def cost_report(cls, payload: Payload) -> CostReport | None:
         """Vela's estimate (cost.py)."""
         return vela_cost(payload)
+
+    @classmethod
+    def exporters(cls, target: str) -> dict[str, HostGraphExporter]:
+        """``tflite``: one .tflite for TFLM, NPU partitions as Vela's ``ethos-u`` custom operators
+        (tflite_export.py)."""
+        from qlower.backends.ethosu.tflite_export import export_ethosu_tflite
+
+        return {"tflite": HostGraphExporter(export_ethosu_tflite)}
+
+    @classmethod
+    def export_note(cls, target: str, format: str, source: Graph) -> str:
+        return ("TFLite, for TFLite Micro with its Ethos-U kernel: host ops are TFLM builtins (bit-exact under "
+                "TFLM's reference kernels), NPU partitions Vela's ethos-u custom operators, which need the "
+                "device or Arm's FVP to run (a Dedicated_Sram system's fast memory is the driver's)")
 
     def check_meta(self, payload: Payload) -> str | None:
         return super().check_meta(payload) or cost_problem(payload)
