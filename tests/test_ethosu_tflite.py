@@ -177,7 +177,32 @@ def test_two_partitions_get_scratch_areas_of_their_own_and_run_bit_exact(tmp_pat
             np.testing.assert_array_equal(g, w)
 
 
-def test_a_float_host_op_tflite_has_no_form_of_is_named():
+def test_a_float_host_op_tflite_has_no_form_of_is_named(tmp_path):
     prog = _two_partitions("sigmoid")
     with pytest.raises(UnsupportedOpError, match="sigmoid producing %mid can't be exported"):
-        prog.export("unused.tflite")
+        prog.export(tmp_path / "m.tflite")
+
+
+def test_a_tensor_two_partitions_read_is_copied_to_the_second_s_place(tmp_path):
+    """Vela places each partition's IFMs in its own scratch area: the model input both partitions read
+    can't be in both places, so the second reads a copy."""
+    xq = QuantSpec.per_tensor(0.05, 3)
+    b = GraphBuilder("shared")
+    x = b.input("x", TensorType((1, 8, 8, 4), DType.INT8, xq))
+    a = _conv(b, x, 4, 0, "c1", QuantSpec.per_tensor(0.1, -2))
+    f = b.op("clamp", b.op("dequantize", a, None, name="a_f"), min=0.0, max=0.5, name="mid")
+    y = b.op("maximum", b.op("quantize", f, out=xq, name="mid_q"), x, name="y")
+    prog = lower_graph(verify_graph(b.build([y])), "ethos-u85-256")
+    assert [len(p.subgraph.inputs) for p in prog.partitions] == [1, 2]
+    data = Path(prog.export(tmp_path / "m.tflite")).read_bytes()
+    model, calls = read_npu_tflite(data)
+    sg, offsets = model.subgraphs[0], npu_offsets(data)
+    names = [sg.tensors[t].name for c in calls for t in c.inputs]
+    assert names == [b"x", b"mid_q", b"x/npu"]
+    for c in calls:   # every IFM inside its own partition's scratch area
+        area = sg.operators[c.index].inputs[2]
+        for t in c.inputs:
+            assert offsets[area] <= offsets[t] < offsets[area] + sg.tensors[area].shape[0]
+    x0 = [np.random.default_rng(0).integers(-128, 128, (1, 8, 8, 4)).astype(np.int8)]
+    (got,) = run_split(data, [p.payload for p in prog.partitions], x0, EthosUBackend().execute)
+    np.testing.assert_array_equal(got, run_graph(prog.source, x0)[0])
