@@ -117,22 +117,37 @@ class LayerCost:
     tensor: str = ""         # the target's name of its output tensor
 
 
+# The kinds of memory every cost report may state, in bytes, the same for every backend, so reports
+# show and total them without knowing the target; a backend may add kinds of its own.
+DEVICE_MEMORY = {
+    "arena": "read-write memory the runtime must be given for an inference (tensor arena, scratch)",
+    "flash": "read-only bytes the device stores (the model, weights, command streams)",
+    "sram": "on-chip SRAM in use at peak",
+}
+
+
 @dataclass(frozen=True)
 class CostReport:
     """What a payload costs its device per inference, as its backend's estimator says (reports name
-    the estimator: these are estimates, not measurements). ``memory_bytes``: bytes by kind of memory
-    (e.g. read-only weights, scratch arena)."""
+    the estimator: these are estimates, or measurements where the estimator is a runtime).
+    ``cycles``: None when it estimates no time (memory only). ``memory_bytes``: bytes by kind of
+    memory, the ``DEVICE_MEMORY`` kinds it knows and any of its own (e.g. a compiler's regions)."""
 
     estimator: str
-    cycles: int
-    compute_cycles: int
+    cycles: int | None
+    compute_cycles: int | None
     memory_bytes: dict[str, int] = field(default_factory=dict)
     layers: tuple[LayerCost, ...] = ()
     clock_hz: float | None = None
 
     @property
     def seconds(self) -> float | None:
-        return None if not self.clock_hz else self.cycles / self.clock_hz
+        return None if not self.clock_hz or self.cycles is None else self.cycles / self.clock_hz
+
+    @property
+    def device_memory(self) -> dict[str, int]:
+        """The ``DEVICE_MEMORY`` kinds it states, in that order."""
+        return {k: self.memory_bytes[k] for k in DEVICE_MEMORY if k in self.memory_bytes}
 
 
 # Writes a whole program as one deployable file: (the program's source graph, its partitions'

@@ -87,11 +87,10 @@ def test_cli_writes_the_tflm_file_and_the_arena_is_the_smallest(tmp_path: Path):
                      "-o", str(path)]) == 0
     model = path.read_bytes()
     arena = runner.smallest_arena(model)
-    assert arena % 16 == 0
     zeros = [np.zeros((1, 3, 16, 16), np.float32)]
     runner.run(model, arena, zeros)
     with pytest.raises(ExecutionError, match="TFLM"):
-        runner.run(model, arena - 16, zeros)
+        runner.run(model, arena - 1, zeros)
 
 
 class _PaddedMean(torch.nn.Module):

@@ -83,6 +83,13 @@ class Program:
         if self.meta.get("auto_int16"):
             lines.append(f"  int16 activations (auto_int16, the most int8-sensitive layers): "
                          f"{', '.join(map(str, self.meta['auto_int16']))}")
+        memory = self.device_memory()
+        if len(memory) > 1:
+            total: dict[str, int] = {}
+            for _, kinds_bytes in memory.values():
+                for k, n in kinds_bytes.items():
+                    total[k] = total.get(k, 0) + n
+            lines.append(f"  device memory, all partitions: {_bytes_text(total)}")
         for p in self.partitions:
             kinds: dict[str, int] = {}
             for op in p.subgraph.ops:
@@ -97,6 +104,8 @@ class Program:
             if p.payload.meta.get("summary"):  # the backend's one line about its payload, and its details
                 lines.append(f"      {p.payload.meta['summary']}")
             lines.extend(f"      {line}" for line in p.payload.meta.get("details", []) if isinstance(line, str))
+            if memory.get(p.name):
+                lines.append(f"      device memory ({memory[p.name][0]}): {_bytes_text(memory[p.name][1])}")
         rewrites = self.rewrites
         if rewrites:
             lines.append("rewrites of the canonical program (the reference target's), in order, each bounded "
@@ -114,6 +123,18 @@ class Program:
                 where = r.origin.describe() if r.origin else "<no source>"
                 lines.append(f"  %{r.name} = {d.op.kind}  at {where}: {d.reason}")
         return "\n".join(lines)
+
+    def device_memory(self) -> dict[str, tuple[str, dict[str, int]]]:
+        """Per partition whose backend states it: who says so, and bytes of each memory kind the device
+        must hold (``qlower.contract.DEVICE_MEMORY``: arena, flash, sram)."""
+        from qlower.backends.registry import cost_report
+
+        out = {}
+        for p in self.partitions:
+            cost = cost_report(p.payload)
+            if cost is not None and cost.device_memory:
+                out[p.name] = (cost.estimator, cost.device_memory)
+        return out
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -172,3 +193,6 @@ class Program:
 
         save_program(self, path)
 
+
+def _bytes_text(kinds: dict[str, int]) -> str:
+    return ", ".join(f"{k} {n:,} B" for k, n in kinds.items())

@@ -95,7 +95,7 @@ def total_cycles(program) -> int | None:
 
 def _total(program) -> tuple[int | None, str]:
     """The total cycle estimate and who estimated it (see ``total_cycles``)."""
-    costs = [c for c in (cost_report(p.payload) for p in program.partitions) if c is not None]
+    costs = [c for c in (cost_report(p.payload) for p in program.partitions) if c is not None and c.cycles is not None]
     return (sum(c.cycles for c in costs) if costs else None), " and ".join(sorted({c.estimator for c in costs}))
 
 

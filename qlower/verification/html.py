@@ -12,6 +12,7 @@ import html
 import io
 from pathlib import Path
 
+from qlower.contract import DEVICE_MEMORY
 from qlower.ir.rewrite import bound_text
 from qlower.verification.report import VerificationReport
 
@@ -163,6 +164,7 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} tr.inside td:first-child 
 {f'<h2>Cycles per layer</h2>{_img(cycles_chart(report), "cycles per layer")}' if report.cycles else ""}
 <h2>Partitioning</h2>{_img(partition_picture(report), "partitioning")}
 {partitions}
+{_memory_section(report)}
 {fallbacks}
 <h2>Layers</h2>
 <table id="layers"><tr><th>layer</th><th>source</th><th>type</th><th>isolated steps</th>
@@ -171,6 +173,22 @@ td, th {{ border: 1px solid #ccc; padding: 2px 6px; }} tr.inside td:first-child 
 {_form_section(report)}
 </body></html>
 """
+
+
+def _memory_section(report: VerificationReport) -> str:
+    """What the device must hold, per partition and in total (the backends' cost reports)."""
+    if not report.memory:
+        return ""
+    kinds = [k for k in DEVICE_MEMORY if any(k in row for row in report.memory)]
+    head = "".join(f"<th title='{html.escape(DEVICE_MEMORY[k])}'>{k} bytes</th>" for k in kinds)
+    rows = [(row["partition"], row["estimator"], row) for row in report.memory]
+    if len(report.memory) > 1:
+        rows.append(("total", "", report.memory_total))
+    body = "".join(f"<tr><td>{html.escape(name)}</td><td>{html.escape(by)}</td>"
+                   + "".join(f"<td>{_fmt(row.get(k), '{:,}')}</td>" for k in kinds) + "</tr>"
+                   for name, by, row in rows)
+    return (f"<h2>Device memory</h2><table id='memory'><tr><th>partition</th><th>according to</th>{head}</tr>"
+            f"{body}</table>")
 
 
 def _form_head(report: VerificationReport) -> str:

@@ -7,6 +7,7 @@ import json
 import math
 from dataclasses import dataclass, field, replace
 
+from qlower.contract import DEVICE_MEMORY
 from qlower.ir.rewrite import bound_text
 from qlower.verification.metrics import Comparison
 
@@ -81,6 +82,9 @@ class VerificationReport:
     rewrites: list[dict] = field(default_factory=list)
     form_violations: list[dict] = field(default_factory=list)
     cost_estimator: str = ""   # who estimated ``cycles`` (the backends' cost reports name it)
+    # what the device must hold, per partition (the backends' cost reports): partition, estimator and
+    # bytes of each contract.DEVICE_MEMORY kind it states (arena, flash, sram)
+    memory: list[dict] = field(default_factory=list)
 
     @classmethod
     def worst_of(cls, reports: list[VerificationReport]) -> VerificationReport:
@@ -105,7 +109,7 @@ class VerificationReport:
                     violations[v["value"]] = v
         return cls(first.target, layers, outputs, first.dynamic, first.partitions, first.placement,
                    first.float_fallbacks, inputs=sum(r.inputs for r in reports), cycles=first.cycles,
-                   cost_estimator=first.cost_estimator,
+                   cost_estimator=first.cost_estimator, memory=first.memory,
                    rewrites=first.rewrites, form_violations=list(violations.values()))
 
     def __post_init__(self) -> None:
@@ -158,8 +162,31 @@ class VerificationReport:
         return {"target": self.target, "ok": self.ok, "problems": self.problems, "inputs": self.inputs,
                 "target_compared": self.target_compared,
                 "partitions": self.partitions, "placement": self.placement, "float_fallbacks": self.float_fallbacks,
-                "cycles": self.cycles, "cost_estimator": self.cost_estimator, "rewrites": self.rewrites, "form_violations": self.form_violations,
+                "cycles": self.cycles, "cost_estimator": self.cost_estimator,
+                "memory": self.memory, "memory_total": self.memory_total, "rewrites": self.rewrites, "form_violations": self.form_violations,
                 "layers": [r.as_dict() for r in self.layers], "outputs": [o.as_dict() for o in self.outputs]}
+
+    @property
+    def memory_total(self) -> dict[str, int]:
+        """Bytes of each memory kind over the partitions that state it (each partition's own memory)."""
+        total: dict[str, int] = {}
+        for row in self.memory:
+            for kind in DEVICE_MEMORY:
+                if kind in row:
+                    total[kind] = total.get(kind, 0) + row[kind]
+        return total
+
+    def memory_lines(self) -> list[str]:
+        """The device memory as text: one line per partition, and the total over several."""
+        if not self.memory:
+            return []
+        lines = ["device memory (bytes; " + "; ".join(f"{k}: {v}" for k, v in DEVICE_MEMORY.items()) + "):"]
+        for row in self.memory:
+            lines.append(f"  {row['partition']} ({row['estimator']}): "
+                         + ", ".join(f"{k} {row[k]:,}" for k in DEVICE_MEMORY if k in row))
+        if len(self.memory) > 1:
+            lines.append("  total: " + ", ".join(f"{k} {n:,}" for k, n in self.memory_total.items()))
+        return lines
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), indent=2, default=_json_default)
@@ -210,6 +237,8 @@ class VerificationReport:
                           "the bound declared in parentheses, else 0), and end to end (may drift). Rewrites:")
             for rw in self.rewrites:
                 console.print(f"  {rw['name']}: {bound_text(rw['steps'])}, {len(rw['values'])} op(s): {rw['what']}")
+        for line in self.memory_lines():
+            console.print(line)
         if not self.target_compared:
             console.print("target reference runs the reference interpreter itself: there is no other stage to "
                           "compare it with (—); the verdict is about the reference against fake-quant")

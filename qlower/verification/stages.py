@@ -218,10 +218,12 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
     cycles = [{"partition": name, "operator": r.operator, "value": r.value, "source": r.source, "tensor": r.tensor,
                "op_cycles": r.cycles, "npu_cycles": r.compute_cycles}
               for name, cost in costs if cost is not None for r in cost.layers]
-    estimators = sorted({cost.estimator for _, cost in costs if cost is not None})
+    estimators = sorted({cost.estimator for _, cost in costs if cost is not None and cost.cycles is not None})
+    memory = [{"partition": name, "estimator": cost.estimator, **cost.device_memory}
+              for name, cost in costs if cost is not None and cost.device_memory]
     return VerificationReport(program.target, rows, outputs, dynamic=program.meta.get("quant") == "dynamic",
                               partitions=partitions, placement=placement, float_fallbacks=fallbacks, cycles=cycles,
-                              cost_estimator=" and ".join(estimators),
+                              cost_estimator=" and ".join(estimators), memory=memory,
                               rewrites=[r.as_meta() for r in program.rewrites],
                               form_violations=[] if forms is None else forms.violations())
 

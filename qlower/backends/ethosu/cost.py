@@ -15,6 +15,7 @@ ESTIMATOR = "Vela"
 # memory kind -> the payload's meta key of its size in bytes
 MEMORY_KEYS = {"read_only": "read_only_bytes", "command_stream": "command_stream_bytes",
                "scratch": "scratch_size", "scratch_fast": "scratch_fast_size"}
+SRAM = "Sram"   # Vela's name of the on-chip SRAM in its memory report
 
 
 def _count(x: Any, what: str) -> int:
@@ -39,10 +40,25 @@ def vela_cost(payload: Payload) -> CostReport | None:
                              _count(r.get("npu_cycles", 0), "npu_cycles"), str(r.get("value", "")),
                              str(r.get("source", "")), str(r.get("tensor", ""))) for r in rows)
     clock = perf.get("core_clock_hz")
+    memory = {kind: _count(meta[key], key) for kind, key in MEMORY_KEYS.items() if key in meta}
+    memory.update(_device_memory(memory, perf))
     return CostReport(ESTIMATOR, _count(perf.get("total_cycles"), "total_cycles"),
-                      _count(perf.get("npu_cycles"), "npu_cycles"),
-                      {kind: _count(meta[key], key) for kind, key in MEMORY_KEYS.items() if key in meta},
+                      _count(perf.get("npu_cycles"), "npu_cycles"), memory,
                       layers, float(clock) if isinstance(clock, int | float) and not isinstance(clock, bool) else None)
+
+
+def _device_memory(regions: dict[str, int], perf: dict) -> dict[str, int]:
+    """The contract's kinds: the driver's arena is both scratch regions, flash holds the read-only
+    region and the command stream, SRAM is Vela's peak use of its SRAM memory."""
+    out = {}
+    if "scratch" in regions:
+        out["arena"] = regions["scratch"] + regions.get("scratch_fast", 0)
+    if "read_only" in regions and "command_stream" in regions:
+        out["flash"] = regions["read_only"] + regions["command_stream"]
+    memories = perf.get("memories")
+    if isinstance(memories, dict) and isinstance(memories.get(SRAM), dict) and "peak_bytes" in memories[SRAM]:
+        out["sram"] = _count(memories[SRAM]["peak_bytes"], f"{SRAM} peak_bytes")
+    return out
 
 
 def cost_problem(payload: Payload) -> str | None:

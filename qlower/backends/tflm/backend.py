@@ -25,12 +25,13 @@ from qlower.backends.tflm import runner
 from qlower.backends.tflm.export import export_tflm
 from qlower.backends.tflm.rounding import TflmKernelRounding
 from qlower.backends.tflm.settle import settled_reasons
-from qlower.contract import Backend, Exporter, Payload, Verdict, check_payload_inputs
+from qlower.contract import Backend, CostReport, Exporter, Payload, Verdict, check_payload_inputs
 from qlower.errors import ExecutionError, InputError, InvalidProgramError
 from qlower.ir import Graph, Op
 from qlower.ir.rewrite import Rewrite
 
 MODEL_BLOB = "model.tflite"
+ESTIMATOR = "TFLM's interpreter"   # the arena is measured, not estimated
 EXACTNESS = "bit-exact with the reference interpreter (TFLM reference kernels, tflite-micro's interpreter)"
 
 
@@ -50,6 +51,25 @@ class TflmBackend(Backend):
     @classmethod
     def export_note(cls, target: str, format: str, source: Graph) -> str:
         return "TFLite, for TFLite Micro: bit-exact with the reference interpreter under TFLM's reference kernels"
+
+    @classmethod
+    def cost_report(cls, payload: Payload) -> CostReport | None:
+        """What the device must hold: the arena TFLM's interpreter found smallest, the model's bytes (flash);
+        no time estimate."""
+        arena, flash = payload.meta.get("arena_bytes"), payload.meta.get("flash_bytes")
+        if arena is None and flash is None:
+            return None
+        for key, n in (("arena_bytes", arena), ("flash_bytes", flash)):
+            if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+                raise ValueError(f"the tflm payload's {key} {str(n)[:20]!r} is not a size")
+        return CostReport(ESTIMATOR, None, None, {"arena": arena, "flash": flash})
+
+    def check_meta(self, payload: Payload) -> str | None:
+        try:
+            self.cost_report(payload)
+        except ValueError as e:
+            return super().check_meta(payload) or str(e)
+        return super().check_meta(payload)
 
     def __init__(self) -> None:
         self._reasons: dict[int, str] = {}

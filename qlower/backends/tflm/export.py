@@ -123,18 +123,28 @@ def _window_sums(ex: TflmExport, x, centre: int, kernel, stride, name: str) -> i
     """int32 exact sums of each ``kernel`` window of ``x``'s centered codes (VALID): a float32 depthwise
     convolution of ones, exact while every partial sum stays below 2**24 (checked by the caller)."""
     b = ex.b
-    t = ex.plain(x)
-    if centre:
-        t = b.binary_const(B.SUB, t, np.int32(centre), f"{name}/center")
-    t = b.cast(t, "float32", f"{name}/f32")
     n, h, w, c = x.type.shape
     (kh, kw), (sh, sw) = kernel, stride
     oh, ow = (h - kh) // sh + 1, (w - kw) // sw + 1
+    # a whole plane is summed as one channel of h*w rows by c columns: TFLM keeps 8 bytes of
+    # requantization data per channel in the arena even for a float convolution (10 KB for 1280
+    # channels), and the ones are h*w floats in flash instead of h*w*c
+    whole = (kh, kw) == (h, w) and c > 1
+    t = ex.value(x)
+    if whole:
+        t = ex._reshape(t, (n, h * w, c, 1), f"{name}/columns", tflite_quant(x.type))
+        (kh, kw), (sh, sw), (oh, ow), c, h, w = (h * w, 1), (1, 1), (1, c), 1, h * w, c
+    t = b.cast(t, "int32", f"{name}/int32")
+    if centre:
+        t = b.binary_const(B.SUB, t, np.int32(centre), f"{name}/center")
+    t = b.cast(t, "float32", f"{name}/f32")
     ones = b.const(f"{name}/ones", np.ones((1, kh, kw, c), np.float32), "float32")
     zeros = b.const(f"{name}/zeros", np.zeros(c, np.float32), "float32")
     sums = b.op(B.DEPTHWISE_CONV_2D, [t, ones, zeros], f"{name}/sums", (n, oh, ow, c), "float32",
                 opts=options("DepthwiseConv2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
                              DepthMultiplier=1, DilationWFactor=1, DilationHFactor=1))
+    if whole:
+        sums = ex._reshape(sums, (n, 1, 1, ow), f"{name}/rows")
     return b.cast(sums, "int32", f"{name}/acc")
 
 

@@ -34,7 +34,8 @@ def _call(request: list[bytes], what: str) -> list[bytes]:
 
 
 def smallest_arena(model: bytes, what: str = "the model") -> int:
-    """The smallest tensor arena (bytes, a multiple of 16) in which TFLM's interpreter allocates the model."""
+    """The smallest tensor arena (bytes; the buffer 16-byte aligned) in which TFLM's interpreter allocates and
+    runs the model: one byte less fails."""
     return int(_call([b"arena", bytes(model), str(MAX_ARENA).encode()], what)[0])
 
 

@@ -25,7 +25,7 @@ import numpy as np
 sys.path.append(str(Path(__file__).resolve().parent.parent))
 from frames import from_npy, serve, to_npy, write_frame  # noqa: E402
 
-ALIGN = 16          # arena sizes are searched in steps of TFLM's tensor alignment
+ALIGN = 16          # arena sizes are searched in steps of TFLM's tensor alignment, then to the byte
 _START = 1 << 12
 _TRACE_LIMIT = 1 << 31
 
@@ -78,6 +78,10 @@ def _serve(requests: int, answers: int) -> None:
             mid = (lo + hi) // 2 // ALIGN * ALIGN
             if mid <= lo:
                 break
+            lo, hi = (lo, mid) if fits(model, mid) else (mid, hi)
+        # then to the byte: the tail is aligned down from the arena's end, so any size may be the least
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
             lo, hi = (lo, mid) if fits(model, mid) else (mid, hi)
         if not fits(model, hi, invoke=True):
             raise RuntimeError(f"the model allocates in an arena of {hi} bytes but does not run in it")

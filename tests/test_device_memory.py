@@ -1,0 +1,120 @@
+"""What the device must hold (issue 27 item 2): the backends' cost reports state it in the contract's
+memory kinds, and ``explain()``, the verification report (table, JSON, HTML) and the program show it.
+
+TFLM's arena is the smallest its interpreter allocates and runs the model in (one byte less fails);
+Ethos-U's figures are Vela's (its scratch regions, read-only region and command stream, peak SRAM).
+"""
+
+import json
+
+import numpy as np
+import pytest
+import tflite
+import torch
+
+import qlower
+from qlower import zoo
+from qlower.backends.ethosu.cost import vela_cost
+from qlower.backends.registry import cost_report
+from qlower.backends.tflm import runner
+from qlower.backends.tflm.backend import MODEL_BLOB
+from qlower.contract import Payload
+from qlower.errors import ExecutionError
+from qlower.reference import run_graph
+
+
+def _tiny(target: str):
+    model, example, quant, calibration = zoo.get("tiny_cnn", size=16)
+    return model, example, quant, calibration
+
+
+def test_the_tflm_arena_is_the_smallest_that_runs_and_explain_shows_it():
+    model, example, quant, calibration = _tiny("tflm")
+    prog = qlower.compile(model, example, target="tflm", quant=quant, calibration=calibration, progress=False)
+    (part,) = prog.partitions
+    data = part.payload.blobs[MODEL_BLOB]
+    cost = cost_report(part.payload)
+    assert cost.cycles is None and cost.device_memory == {"arena": part.payload.meta["arena_bytes"],
+                                                          "flash": len(data)}
+    arena = cost.device_memory["arena"]
+    zeros = [np.zeros(tuple(example[0].shape), np.float32)]
+    runner.run(data, arena, zeros)
+    for smaller in (arena - 1, arena - 16):
+        with pytest.raises(ExecutionError, match="TFLM"):   # refused, or its crash in the worker
+            runner.run(data, smaller, zeros)
+    assert prog.device_memory() == {part.name: ("TFLM's interpreter", {"arena": arena, "flash": len(data)})}
+    assert f"device memory (TFLM's interpreter): arena {arena:,} B, flash {len(data):,} B" in prog.explain()
+
+
+def test_the_verification_report_shows_the_device_memory(tmp_path):
+    model, example, quant, calibration = _tiny("tflm")
+    report = qlower.verify(model, example, target="tflm", quant=quant, calibration=calibration, progress=False)
+    (row,) = report.memory
+    assert row["estimator"] == "TFLM's interpreter" and row["arena"] > 0 and row["flash"] > 0
+    data = json.loads(report.to_json())
+    assert data["memory"] == [row] and data["memory_total"] == {"arena": row["arena"], "flash": row["flash"]}
+    assert f"arena {row['arena']:,}, flash {row['flash']:,}" in report.table()
+    html = report.write_html(tmp_path / "r.html").read_text()
+    assert "id='memory'" in html and f"{row['arena']:,}" in html
+    # a target whose backend states no memory shows none
+    assert qlower.verify(model, example, target="tosa-1.0+int", quant=quant, calibration=calibration,
+                         progress=False).memory == []
+
+
+def test_vela_s_figures_are_the_contract_s_memory_kinds():
+    meta = {"perf": {"total_cycles": 10, "npu_cycles": 8,
+                     "memories": {"Sram": {"peak_bytes": 700}, "OffChipFlash": {"peak_bytes": 900}}},
+            "scratch_size": 600, "scratch_fast_size": 100, "read_only_bytes": 900, "command_stream_bytes": 50}
+    cost = vela_cost(Payload("ethos-u", "ethos-u55-128", {}, (), (), meta=meta))
+    assert cost.device_memory == {"arena": 700, "flash": 950, "sram": 700}
+    assert cost.memory_bytes["scratch"] == 600 and cost.memory_bytes["command_stream"] == 50
+    meta["perf"]["memories"]["Sram"]["peak_bytes"] = -1
+    with pytest.raises(ValueError, match="Sram"):
+        vela_cost(Payload("ethos-u", "ethos-u55-128", {}, (), (), meta=meta))
+
+
+@pytest.mark.slow
+def test_an_ethos_u_program_shows_vela_s_memory():
+    model, example, quant, calibration = _tiny("ethos-u55-128")
+    prog = qlower.compile(model, example, target="ethos-u55-128", quant=quant, calibration=calibration,
+                          progress=False)
+    (part,) = prog.partitions
+    meta = part.payload.meta
+    _, memory = prog.device_memory()[part.name]
+    assert memory == {"arena": meta["scratch_size"] + meta["scratch_fast_size"],
+                      "flash": meta["read_only_bytes"] + meta["command_stream_bytes"],
+                      "sram": meta["perf"]["memories"]["Sram"]["peak_bytes"]}
+    assert f"device memory (Vela): arena {memory['arena']:,} B" in prog.explain()
+
+
+class _GlobalMean(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 48, 3, padding=1)
+        self.fc = torch.nn.Linear(48, 4)
+
+    def forward(self, x):
+        return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1), 1))
+
+
+def test_a_global_mean_on_tflm_sums_one_channel_of_positions_bit_exact():
+    """TFLM keeps per-channel requantization data for every depthwise convolution, float too: the
+    plane's sums are one channel of h*w rows (ones of h*w floats), not c channels."""
+    model = _GlobalMean().eval()
+    example = (torch.randn(1, 3, 6, 5),)
+    prog = qlower.compile(model, example, target="tflm", calibration=[(torch.randn(1, 3, 6, 5),) for _ in range(4)],
+                          progress=False)
+    (part,) = prog.partitions
+    assert prog.graph.count_ops() == {"delegate": 1}
+    m = tflite.Model.GetRootAsModel(part.payload.blobs[MODEL_BLOB], 0)
+    sg = m.Subgraphs(0)
+    filters = []
+    for i in range(sg.OperatorsLength()):
+        op = sg.Operators(i)
+        if m.OperatorCodes(op.OpcodeIndex()).BuiltinCode() == tflite.BuiltinOperator.DEPTHWISE_CONV_2D:
+            filters.append(sg.Tensors(op.Inputs(1)).ShapeAsNumpy().tolist())
+    assert filters == [[1, 30, 1, 1]]
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.normal(size=(1, 3, 6, 5)).astype(np.float32) * 2
+        np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x])[0])
