@@ -10,6 +10,8 @@ Where LiteRT's exact form needs what TFLM lacks, another exact form replaces it:
   of the reference's own numbers (``lookup.py``);
 - an average pool with one tap count is its exact window sums (a float32
   depthwise convolution of ones) and a lookup of the reference's averages;
+- a concatenation of more inputs than TFLM takes is a tree of concatenations;
+- an integer sum whose partial sums stay below 2**24 is a float32 SUM (TFLM has no int32 one);
 - the frontend's global average (widen x k, pool, rescale: ``global_means``) is
   one lookup by the sum of the centered int8 codes, when the widening is linear.
 
@@ -29,7 +31,7 @@ from tflite.Padding import Padding
 from qlower.backends.global_means import GlobalMean, global_means
 from qlower.backends.litert.emit import NotExact, channel_shape, options, tflite_quant
 from qlower.backends.litert.export import _Export, _tfl_dtype
-from qlower.backends.tflm.kernels import first_refusal
+from qlower.backends.tflm.kernels import MAX_INPUTS, first_refusal
 from qlower.backends.tflm.lookup import FLOAT_EXACT, WIDE_TABLE, lookup
 from qlower.errors import UnsupportedOpError
 from qlower.ir import DType, Graph, Op, requant
@@ -215,8 +217,57 @@ def _mean(ex: TflmExport, mean: GlobalMean, table: np.ndarray, s_lo: int) -> Non
     lookup(ex, mean.final, table, s_lo, index=acc)
 
 
+# -- data movement -------------------------------------------------------------------------------
+
+def _concat(ex: TflmExport, op: Op) -> bool:
+    """More inputs than TFLM's CONCATENATION takes: a tree of concatenations of at most that many along
+    the same axis (the same codes in the same order; all share one quantization, or LiteRT's refuses)."""
+    (xs,) = op.operands
+    limit = MAX_INPUTS[B.CONCATENATION]
+    if len(xs) <= limit:
+        return False
+    b, axis, t = ex.b, op.attrs["axis"], op.result.type
+    quant = tflite_quant(t)
+    if {tflite_quant(v.type) for v in xs} != {quant}:
+        return False
+    parts = [(ex.value(v), v.shape[axis]) for v in xs]
+    level = 0
+    while len(parts) > limit:
+        grouped = []
+        for i in range(0, len(parts), limit):
+            group = parts[i:i + limit]
+            if len(group) == 1:
+                grouped.append(group[0])
+                continue
+            width = sum(n for _, n in group)
+            shape = tuple(width if d == axis % t.rank else s for d, s in enumerate(t.shape))
+            grouped.append((b.op(B.CONCATENATION, [p for p, _ in group], f"{op.result.name}/cat{level}_{i}", shape,
+                                 _tfl_dtype(t), quant, options("ConcatenationOptions", Axis=axis)), width))
+        parts, level = grouped, level + 1
+    ex.result(op, B.CONCATENATION, [p for p, _ in parts], options("ConcatenationOptions", Axis=axis))
+    return True
+
+
+def _reduce_sum(ex: TflmExport, op: Op) -> bool:
+    """An integer sum as TFLM's float32 SUM (it has no int32 one): exact, whatever the order it adds in,
+    while every partial sum is an integer float32 holds (below 2**24, proven from the input's range)."""
+    if op.result.type.quant is None:
+        return False   # a float sum: the reference adds in float64, TFLM in float32 (LiteRT's form, refused)
+    b, name, x, axis = ex.b, op.result.name, op.operands[0], op.attrs["axis"]
+    lo, hi = ex.ranges.of(x)
+    reach = max(abs(lo), abs(hi)) * x.shape[axis]
+    if reach >= FLOAT_EXACT:
+        raise NotExact(f"an integer sum is exact on TFLM only in float32, below 2**24; this one may reach {reach}")
+    t = b.cast(ex.plain(x), "float32", f"{name}/f32")
+    a = b.const(f"{name}/axis", np.asarray([axis], np.int32), "int32")
+    sums = b.op(B.SUM, [t, a], f"{name}/sum", op.result.shape, "float32",
+                opts=options("ReducerOptions", KeepDims=True))
+    ex.bind(op.result, b.cast(sums, _tfl_dtype(op.result.type), name, tflite_quant(op.result.type)))
+    return True
+
+
 _OWN: dict[str, Callable[[TflmExport, Op], bool]] = {
-    "rescale": _rescale, "table": _table, "avg_pool2d": _avg_pool,
+    "rescale": _rescale, "table": _table, "avg_pool2d": _avg_pool, "concat": _concat, "reduce_sum": _reduce_sum,
 }
 
 

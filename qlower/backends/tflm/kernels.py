@@ -6,7 +6,8 @@ FLOOR_MOD, and CAST only among int8, int16, int32, float32 and bool. Measured
 one operator at a time with ``tflite-micro`` 0.dev20261023182759 (loads and
 runs as NumPy; tests/test_tflm_kernels.py checks the elementwise ones, CAST and
 GATHER against the interpreter, the zoo tests the rest).
-The key is the dtype of the operator's first input; CAST is keyed by
+The key is the dtype of the operator's first input (SELECT_V2: its values', its condition is bool;
+the catalogue cases of tests/test_tflm_catalog.py run it, the logical ops, REDUCE_MIN and ARG_MIN); CAST is keyed by
 ``(input dtype, output dtype)``. An exported operator outside this table is a
 reason for its IR op to stay on the host.
 """
@@ -29,12 +30,14 @@ ACCEPTED: dict[int, frozenset[str]] = {
     # (int16 GREATER loads but compares wrongly without quantization parameters: measured)
     B.EQUAL: _NUMBERS, B.NOT_EQUAL: _NUMBERS, B.GREATER_EQUAL: _NUMBERS, B.GREATER: _NUMBERS,
     B.GATHER: frozenset({"int8", "float32"}),
-    B.REDUCE_MAX: frozenset({"int8", "float32"}),
-    B.ARG_MAX: frozenset({"int8", "float32"}),
+    B.REDUCE_MAX: frozenset({"int8", "float32"}), B.REDUCE_MIN: frozenset({"int8", "float32"}),
+    B.ARG_MAX: frozenset({"int8", "float32"}), B.ARG_MIN: frozenset({"int8", "float32"}),
+    B.SUM: frozenset({"float32"}),   # (an integer sum is exact in float32 below 2**24: export.py)
+    B.LOGICAL_AND: frozenset({"bool"}), B.LOGICAL_OR: frozenset({"bool"}), B.LOGICAL_NOT: frozenset({"bool"}),
     B.TRANSPOSE: frozenset({"int8", "int16", "float32"}),
     B.PADV2: _ANY, B.RESHAPE: _ANY, B.CONCATENATION: _ANY, B.STRIDED_SLICE: _ANY,
     B.MAX_POOL_2D: frozenset({"int8", "int16", "float32"}),
-    B.SELECT_V2: frozenset({"int8", "int16", "float32"}),
+    B.SELECT_V2: frozenset({"int8", "int16", "float32"}),   # keyed by the picked values (KEY_INPUT)
     B.CONV_2D: frozenset({"int8", "float32"}),
     B.DEPTHWISE_CONV_2D: frozenset({"int8", "float32"}),
     B.FULLY_CONNECTED: frozenset({"int8", "float32"}),
@@ -43,6 +46,7 @@ ACCEPTED: dict[int, frozenset[str]] = {
 # ranks beyond which TFLM's kernel refuses its first input (measured; the other kernels took rank 6)
 MAX_RANK: dict[int, int] = {B.STRIDED_SLICE: 4, B.TRANSPOSE: 5, B.PADV2: 5}
 MAX_INPUTS: dict[int, int] = {B.CONCATENATION: 10}   # TFLM's kMaxInputNum
+KEY_INPUT: dict[int, int] = {B.SELECT_V2: 1}   # the input whose dtype picks the kernel (SELECT_V2's is bool)
 CASTS = frozenset((a, b) for a in _CASTABLE for b in _CASTABLE if a != b)
 _NAMES = {v: k for k, v in vars(B).items() if not k.startswith("_")}
 
@@ -71,7 +75,8 @@ def first_refusal(writer, start: int = 0) -> str | None:
         code = writer.opcodes[op.opcode]
         if len(op.inputs) > MAX_INPUTS.get(code, len(op.inputs)):
             return f"TFLM's {_NAMES.get(code, code)} takes {MAX_INPUTS[code]} inputs at most, not {len(op.inputs)}"
-        first = writer.tensors[op.inputs[0]] if op.inputs else None
+        key = KEY_INPUT.get(code, 0)
+        first = writer.tensors[op.inputs[key]] if len(op.inputs) > key else None
         reason = refusal(code, first.dtype if first else "none",
                          writer.tensors[op.outputs[0]].dtype, len(first.shape) if first else 0)
         if reason is not None:

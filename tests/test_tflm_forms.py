@@ -1,0 +1,52 @@
+"""TFLM forms for what TFLM's kernels take only in another shape: each runs on tflite-micro's
+interpreter in one partition, bit-exact with the reference on the program's form."""
+
+import numpy as np
+import torch
+
+import qlower
+from qlower.reference import run_graph
+
+
+class _ManySlices(torch.nn.Module):
+    """25 slices concatenated: more inputs than TFLM's CONCATENATION takes (10)."""
+
+    def forward(self, x):
+        return torch.cat([x[:, :, i:i + 1] * 2 for i in range(25)][::-1], dim=2)
+
+
+def test_a_concatenation_of_more_inputs_than_tflm_takes_is_a_tree_of_them():
+    example = (torch.randn(1, 4, 25),)
+    calibration = [(torch.randn(1, 4, 25),) for _ in range(4)]
+    prog = qlower.compile(_ManySlices().eval(), example, target="tflm", calibration=calibration, progress=False)
+    assert prog.graph.count_ops() == {"delegate": 1}, prog.explain()
+    (part,) = prog.partitions
+    assert part.payload.meta["tflite_ops"]["CONCATENATION"] == 4   # 25 -> 10 + 10 + 5 -> one
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.normal(size=(1, 4, 25)).astype(np.float32) * 3
+        got, want = prog.run(x), run_graph(prog.source, [x])
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
+
+class _Sums(torch.nn.Module):
+    """Integer sums over channels and over a row: TFLM has no int32 SUM; its float32 one is exact here."""
+
+    def forward(self, x):
+        return x.sum(dim=1, keepdim=True) * 0.5, x.sum(dim=3)
+
+
+def test_an_integer_sum_is_tflm_s_float32_sum_exact_below_2_24():
+    example = (torch.randn(1, 6, 5, 40),)
+    calibration = [(torch.randn(1, 6, 5, 40),) for _ in range(4)]
+    prog = qlower.compile(_Sums().eval(), example, target="tflm", calibration=calibration, progress=False)
+    assert prog.graph.count_ops() == {"delegate": 1}, prog.explain()
+    (part,) = prog.partitions
+    assert part.payload.meta["tflite_ops"]["SUM"] == 2
+    rng = np.random.default_rng(1)
+    for scale in (1, 3, 100):   # up to the int8 ends, where the sums reach their bounds
+        x = rng.normal(size=(1, 6, 5, 40)).astype(np.float32) * scale
+        got, want = prog.run(x), run_graph(prog.source, [x])
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
