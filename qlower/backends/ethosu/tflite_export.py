@@ -13,7 +13,10 @@ each partition's scratch an area of its own. Like Vela's writer, scratch_fast is
 Dedicated_Sram system's fast memory is the driver's (its size is in the export note).
 
 The host ops are written by the ``tflm`` target's exporter (TFLM's kernels and rounding); one
-that has no TFLM form is an UnsupportedOpError naming it and its source line.
+that has no TFLM form is an UnsupportedOpError naming it and its source line. The program was not
+given the ``tflm`` target's rewrites, so a host GEMM fuses into TFLM's kernel only where its
+requantization already rounds as that kernel does; otherwise it is refused by name, never rounded
+differently.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from qlower.backends.litert.emit import NotExact, tflite_quant
 from qlower.backends.litert.export import _tfl_dtype
 from qlower.backends.litert.flatbuffer import ModelWriter, _int_vector, _Operator
 from qlower.backends.tflm.export import TflmExport
+from qlower.backends.tflm.rounding import TFLM_ROUNDING
 from qlower.contract import Payload
 from qlower.errors import UnsupportedOpError
 from qlower.ir import Graph, Op, Value
@@ -91,11 +95,21 @@ class EthosUTflmExport(TflmExport):
         self.payloads = payloads
         self.arena_end = 0    # where the next partition's scratch area starts
 
+    def fused_gemm(self, rescale: Op) -> Op | None:
+        # a host GEMM fuses only where the program already rounds as TFLM's kernel (the tflm target's
+        # rewrite did that; an Ethos-U program's host GEMM rounds as TOSA): else its exact unfused form
+        gemm = super().fused_gemm(rescale)
+        return gemm if gemm is not None and rescale.attrs["rounding"] == TFLM_ROUNDING[gemm.kind] else None
+
     def emit(self, op: Op) -> None:
         if op.kind == "delegate":
             self._npu(op)
-        else:
-            super().emit(op)
+            return
+        for user in self.users.get(op.result, []) if op.kind in TFLM_ROUNDING else []:
+            if super().fused_gemm(user) is op and self.fused_gemm(user) is None:
+                raise NotExact(f"its requantization %{user.result.name} rounds {user.attrs['rounding']} (the "
+                               f"program's form), TFLM's fused {op.kind} rounds {TFLM_ROUNDING[op.kind]}")
+        super().emit(op)
 
     def _placed(self, v: Value, offset: int) -> int:
         """``v``'s tensor at ``offset`` of the arena; a copy (RESHAPE, which TFLM copies between distinct
