@@ -18,7 +18,7 @@ _PUBLIC = {
     "parse_backend_options": "qlower.backends.registry", "verify_program": "qlower.verification",
     "measure_accuracy": "qlower.verification.accuracy", "comparison_table": "qlower.verification.accuracy",
     "inspect_program": "qlower.program.fileformat", "tflite_exact_kernels": "qlower.api", "save_arrays": "qlower.api",
-    "QuantConfig": "qlower.frontend.config", "Program": "qlower.program", "load": "qlower.program.fileformat",
+    "op_resolver_header": "qlower.backends.tflm.resolver", "QuantConfig": "qlower.frontend.config", "Program": "qlower.program", "load": "qlower.program.fileformat",
 }
 # subpackages users reach as attributes without importing them
 _SUBPACKAGES = {"zoo", "errors", "ir", "reference", "verification", "program", "backends", "frontend"}

@@ -125,6 +125,11 @@ def cmd_compile(args) -> int:
     say(prog.explain())
     if args.output and args.format == "tflite":   # the target's backend says what the file is (export_note)
         say(f"wrote {prog.export(args.output, format='tflite')} ({prog.export_note('tflite')})")
+        # TFLM needs each operator registered: the list is generated, never typed
+        tflite_file = Path(args.output)
+        header = tflite_file.with_name(f"{tflite_file.stem}_ops.h")
+        header.write_text(qlower.op_resolver_header(tflite_file.read_bytes(), tflite_file.name))
+        say(f"wrote {header} (the operators to register in TFLM's MicroMutableOpResolver)")
     elif args.output:
         prog.save(args.output)
         say(f"wrote {args.output}")

@@ -118,3 +118,21 @@ def test_a_global_mean_on_tflm_sums_one_channel_of_positions_bit_exact():
     for _ in range(3):
         x = rng.normal(size=(1, 3, 6, 5)).astype(np.float32) * 2
         np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x])[0])
+
+
+def test_the_cli_writes_the_operators_tflm_must_register_beside_the_tflite(tmp_path):
+    from qlower import cli
+    from qlower.backends.litert.verify import builtin_counts
+    from qlower.backends.tflm.resolver import method
+
+    path = tmp_path / "tiny.tflite"
+    assert cli.main(["compile", "zoo:tiny_cnn", "--size", "16", "--target", "tflm", "--format", "tflite",
+                     "-o", str(path)]) == 0
+    header = (tmp_path / "tiny_ops.h").read_text()
+    ops = builtin_counts(path.read_bytes())
+    assert f"MicroMutableOpResolver<{len(ops)}>" in header
+    assert [line.strip() for line in header.splitlines() if "resolver.Add" in line] == [
+        f"TF_LITE_ENSURE_STATUS(resolver.{method(op)}());" for op in sorted(ops)]
+    assert "resolver.AddConv2D()" in header and "resolver.AddFullyConnected()" in header
+    assert [method(op) for op in ("DEPTHWISE_CONV_2D", "PADV2", "MAX_POOL_2D", "ethos-u")] == [
+        "AddDepthwiseConv2D", "AddPadV2", "AddMaxPool2D", "AddEthosU"]
