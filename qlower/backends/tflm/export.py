@@ -252,7 +252,7 @@ def _reduce_sum(ex: TflmExport, op: Op) -> bool:
     """An integer sum as TFLM's float32 SUM (it has no int32 one): exact, whatever the order it adds in,
     while every partial sum is an integer float32 holds (below 2**24, proven from the input's range)."""
     if op.result.type.quant is None:
-        return False   # a float sum: the reference adds in float64, TFLM in float32 (LiteRT's form, refused)
+        raise NotExact("a float sum: the reference adds in float64, TFLM's SUM in float32")
     b, name, x, axis = ex.b, op.result.name, op.operands[0], op.attrs["axis"]
     lo, hi = ex.ranges.of(x)
     reach = max(abs(lo), abs(hi)) * x.shape[axis]
