@@ -212,3 +212,38 @@ def test_rank1_linear_on_litert_is_exact():
     ref = qlower.compile(model, (x,), target="reference", progress=False).run(x)
     got = qlower.compile(model, (x,), target="litert", progress=False).run(x)
     _assert_exact(got, [torch.from_numpy(np.asarray(r)) for r in ref], "litert")
+
+
+def test_only_the_models_own_integer_arithmetic_wraps(tmp_path):
+    """Wrapping is an op's ``wrap`` attribute, set on a model's int32 ``+ - *``; integer arithmetic qlower
+    derives itself on scale-1 values (norms) must fit, so an overflow there is an error, not a wrap.
+    The attribute survives a save and load, and a forged one on other operands is refused."""
+    from qlower.errors import IRError
+    from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
+    from qlower.reference import run_graph
+
+    x, y, z = _int32(1, 2, 3, 4, seed=9), _int32(1, 2, 3, 4, seed=10), _int32(1, 2, 3, 4, seed=11)
+    prog = qlower.compile(Arithmetic(), (x, y, z), target="cpu", progress=False)
+    arith = [op for op in prog.frontend.graph.ops if op.kind in ("add", "sub", "mul")]
+    assert arith and all(op.attrs["wrap"] for op in arith)
+    prog.save(tmp_path / "p.qlp")
+    again = qlower.load(tmp_path / "p.qlp")
+    _assert_exact(again.run(x, y, z), Arithmetic()(x, y, z), "cpu (loaded)")
+
+    plain = TensorType((1, 4), DType.INT32, QuantSpec.plain_integer())
+    b = GraphBuilder()
+    a = b.input("a", plain)
+    g = verify_graph(b.build([b.op("add", a, a, name="twice")]))
+    big = np.full((1, 4), 2**30 + 7, np.int32)
+    with pytest.raises(Exception, match="overflow"):
+        run_graph(g, [big])
+    b = GraphBuilder()
+    a = b.input("a", plain)
+    g = verify_graph(b.build([b.op("add", a, a, wrap=True, name="twice")]))
+    assert run_graph(g, [big])[0].tolist() == [[-2**31 + 14] * 4]
+
+    scaled = TensorType((1, 4), DType.INT32, QuantSpec.per_tensor(0.5, 0, DType.INT32))
+    b = GraphBuilder()
+    a = b.input("a", scaled)
+    with pytest.raises(IRError, match="wrap is for plain int32"):
+        b.op("add", a, a, wrap=True)

@@ -59,27 +59,37 @@ def _additive(kind):
         qb = require_quantized(kind, b, DType.INT32)
         if qa.is_per_channel or qa != qb:
             raise fail(kind, f"int32 operands must share one per-tensor quantization, got {qa} and {qb}")
+        _check_wrap(kind, attrs, qa, qb)
         return (TensorType(shape, DType.INT32, qa),)
-    infer.__doc__ = (f"Elementwise {kind} with broadcasting; int32 operands share one scale. Plain integers "
-                     "(scale 1, zero point 0) wrap around on overflow like PyTorch's integer tensors; any other "
-                     "integer result must fit its dtype.")
+    infer.__doc__ = (f"Elementwise {kind} with broadcasting; int32 operands share one scale. With ``wrap`` "
+                     "(plain integers only: PyTorch's integer tensors) the result wraps around on overflow; "
+                     "without it, any integer result must fit its dtype.")
     return infer
 
 
-register("add", ("a", "b"))(_additive("add"))
-register("sub", ("a", "b"))(_additive("sub"))
+def _check_wrap(kind: str, attrs, qa: QuantSpec, qb: QuantSpec) -> None:
+    """Wrapping is PyTorch's int32 arithmetic: the frontend asks for it on a model's own integer tensors.
+    Arithmetic qlower derives (norms, accumulators) never wraps, even on scale-1 values, so an overflow
+    there stays an error instead of a silently wrong number."""
+    if attrs["wrap"] and not (qa.is_plain_integer and qb.is_plain_integer and attrs.get("shift", 0) == 0):
+        raise fail(kind, "wrap is for plain int32 operands (scale 1, zero point 0) with no shift")
 
 
-@register("mul", ("a", "b"), shift=0)
+register("add", ("a", "b"), wrap=False)(_additive("add"))
+register("sub", ("a", "b"), wrap=False)(_additive("sub"))
+
+
+@register("mul", ("a", "b"), shift=0, wrap=False)
 def _mul(ops, attrs):
-    """Elementwise product; int32: ``round(a * b / 2**shift)``, scale s_a * s_b * 2**shift. A plain integer
-    product (scale 1, zero point 0) wraps around on overflow like PyTorch's integer tensors."""
+    """Elementwise product; int32: ``round(a * b / 2**shift)``, scale s_a * s_b * 2**shift. With ``wrap``
+    (plain integers, shift 0) the product wraps around on overflow like PyTorch's integer tensors."""
     a, b, shape = _binary("mul", ops)
     if is_float(a):
         require_float("mul", a, b)
         return (TensorType(shape, DType.FLOAT32),)
     qa = require_quantized("mul", a, DType.INT32)
     qb = require_quantized("mul", b, DType.INT32)
+    _check_wrap("mul", attrs, qa, qb)
     if any(z for z in qa.zero_point + qb.zero_point):
         raise fail("mul", "int32 operands must have zero point 0")
     if qa.is_per_channel and qb.is_per_channel:

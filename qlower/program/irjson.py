@@ -210,6 +210,7 @@ def _ints(n: int | None = None) -> Callable[[Any], bool]:
 _INT = ("an integer", lambda v: type(v) is int)
 _NUMBER = ("a number", lambda v: type(v) in (int, float))
 _STR = ("a string", lambda v: type(v) is str)
+_BOOL = ("true or false", lambda v: type(v) is bool)
 _INTS = ("a tuple of integers", _ints())
 _INTS2 = ("2 integers", _ints(2))
 _INTS4 = ("4 integers", _ints(4))
@@ -229,7 +230,9 @@ ATTR_CHECKS: dict[str, dict[str, tuple[str, Callable[[Any], bool]]]] = {
     "conv2d": {"stride": _INTS2, "dilation": _INTS2, "pad": _INTS4, "groups": _INT},
     "rescale": {"out": _QUANT, "rounding": _STR},
     "clamp": {"min": _NUMBER, "max": _NUMBER},
-    "mul": {"shift": _INT},
+    "add": {"wrap": _BOOL},
+    "sub": {"wrap": _BOOL},
+    "mul": {"shift": _INT, "wrap": _BOOL},
     "concat": {"axis": _INT},
     "reshape": {"shape": _INTS},
     "transpose": {"perm": _INTS},

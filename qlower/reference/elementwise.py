@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from qlower.ir import DType, Op, requant
+from qlower.ir import Op, requant
 from qlower.reference.registry import kernel
 
 
@@ -28,10 +28,10 @@ def _is_int(op: Op) -> bool:
 
 
 def wraps(op: Op) -> bool:
-    """Plain int32 add / sub / mul: PyTorch's integer tensors, which wrap around on overflow (two's
-    complement). Every other integer result (codes, accumulators) must fit: overflow is an error."""
-    q = op.result.type.quant
-    return q is not None and q.dtype is DType.INT32 and q.is_plain_integer
+    """An add / sub / mul of PyTorch's int32 tensors (``wrap``, set by the frontend), which wraps around
+    on overflow (two's complement). Every other integer result (codes, accumulators, the integer steps
+    of norms) must fit: overflow is an error."""
+    return bool(op.attrs.get("wrap")) and op.kind in ("add", "sub", "mul")
 
 
 def wrapped(op: Op, r: np.ndarray) -> np.ndarray:

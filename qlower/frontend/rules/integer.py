@@ -87,9 +87,9 @@ def arithmetic(ctx: ImportContext, node: Node, kind: str, input: object, other: 
     a, b = _plain_ref(ctx, input), _plain_ref(ctx, other)
     if alpha != 1:
         perm, (vb, va) = ctx.broadcast([b, _plain_ref(ctx, alpha)])
-        b = Ref.of(ctx.emit("mul", vb, va, perm=perm), perm)
+        b = Ref.of(ctx.emit("mul", vb, va, perm=perm, wrap=True), perm)
     perm, (va, vb) = ctx.broadcast([a, b])
-    return Ref.of(ctx.emit(kind, va, vb, perm=perm), perm)
+    return Ref.of(ctx.emit(kind, va, vb, perm=perm, wrap=True), perm)
 
 
 def clamp(ctx: ImportContext, node: Node, x: Ref, lo: object, hi: object) -> Ref:
