@@ -99,7 +99,8 @@ class _GlobalMean(torch.nn.Module):
 
 def test_a_global_mean_on_tflm_sums_one_channel_of_positions_bit_exact():
     """TFLM keeps per-channel requantization data for every depthwise convolution, float too: the
-    plane's sums are one channel of h*w rows (ones of h*w floats), not c channels."""
+    plane's sums are one channel of h*w rows (ones of h*w floats), not c channels; the int8 codes
+    are cast to float32 directly and centred after summing."""
     model = _GlobalMean().eval()
     example = (torch.randn(1, 3, 6, 5),)
     prog = qlower.compile(model, example, target="tflm", calibration=[(torch.randn(1, 3, 6, 5),) for _ in range(4)],
@@ -108,11 +109,14 @@ def test_a_global_mean_on_tflm_sums_one_channel_of_positions_bit_exact():
     assert prog.graph.count_ops() == {"delegate": 1}
     m = tflite.Model.GetRootAsModel(part.payload.blobs[MODEL_BLOB], 0)
     sg = m.Subgraphs(0)
-    filters = []
+    filters, writers = [], {}
     for i in range(sg.OperatorsLength()):
         op = sg.Operators(i)
+        writers[op.Outputs(0)] = op
         if m.OperatorCodes(op.OpcodeIndex()).BuiltinCode() == tflite.BuiltinOperator.DEPTHWISE_CONV_2D:
             filters.append(sg.Tensors(op.Inputs(1)).ShapeAsNumpy().tolist())
+            cast = writers[op.Inputs(0)]   # the int8 codes straight to float32: no int32 copy in the arena
+            assert sg.Tensors(cast.Inputs(0)).Type() == tflite.TensorType.INT8
     assert filters == [[1, 30, 1, 1]]
     rng = np.random.default_rng(0)
     for _ in range(3):

@@ -136,15 +136,22 @@ def _window_sums(ex: TflmExport, x, centre: int, kernel, stride, name: str) -> i
     if whole:
         t = ex._reshape(t, (n, h * w, c, 1), f"{name}/columns", tflite_quant(x.type))
         (kh, kw), (sh, sw), (oh, ow), c, h, w = (h * w, 1), (1, 1), (1, c), 1, h * w, c
-    t = b.cast(t, "int32", f"{name}/int32")
-    if centre:
-        t = b.binary_const(B.SUB, t, np.int32(centre), f"{name}/center")
+    # int8 codes go to float32 directly and are centred after summing (exact below 2**24): no int32
+    # copy of the whole input beside the float one, the arena's peak in small models
+    lo, hi = ex.ranges.of(x)
+    direct = b.dtype(t) == "int8" and kh * kw * max(abs(lo), abs(hi)) < FLOAT_EXACT
+    if not direct:
+        t = b.cast(t, "int32", f"{name}/int32")
+        if centre:
+            t = b.binary_const(B.SUB, t, np.int32(centre), f"{name}/center")
     t = b.cast(t, "float32", f"{name}/f32")
     ones = b.const(f"{name}/ones", np.ones((1, kh, kw, c), np.float32), "float32")
     zeros = b.const(f"{name}/zeros", np.zeros(c, np.float32), "float32")
     sums = b.op(B.DEPTHWISE_CONV_2D, [t, ones, zeros], f"{name}/sums", (n, oh, ow, c), "float32",
                 opts=options("DepthwiseConv2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
                              DepthMultiplier=1, DilationWFactor=1, DilationHFactor=1))
+    if direct and centre:
+        sums = b.binary_const(B.SUB, sums, np.float32(kh * kw * centre), f"{name}/center")
     if whole:
         sums = ex._reshape(sums, (n, 1, 1, ow), f"{name}/rows")
     return b.cast(sums, "int32", f"{name}/acc")
