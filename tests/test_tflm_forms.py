@@ -65,3 +65,21 @@ def test_a_float_sum_stays_on_the_host():
     inputs = [rng.normal(size=x.shape).astype(np.float32) for x in example]
     for g, w in zip(prog.run(*inputs), run_graph(prog.source, inputs)):
         np.testing.assert_array_equal(g, w)
+
+
+class _ArgExtremes(torch.nn.Module):
+    def forward(self, x):
+        return torch.argmax(x, dim=1), torch.argmin(x, dim=3)
+
+
+def test_argmax_and_argmin_of_int8_codes_run_on_tflm_first_index_on_ties():
+    example = (torch.randn(1, 8, 4, 6),)
+    calibration = [(torch.randn(1, 8, 4, 6),) for _ in range(4)]
+    prog = qlower.compile(_ArgExtremes().eval(), example, target="tflm", calibration=calibration, progress=False)
+    assert prog.graph.count_ops() == {"delegate": 1}, prog.explain()
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        x = np.round(rng.normal(size=(1, 8, 4, 6))).astype(np.float32)   # few distinct codes: many ties
+        got, want = prog.run(x), run_graph(prog.source, [x])
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)

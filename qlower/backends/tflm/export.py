@@ -12,6 +12,7 @@ Where LiteRT's exact form needs what TFLM lacks, another exact form replaces it:
   depthwise convolution of ones) and a lookup of the reference's averages;
 - a concatenation of more inputs than TFLM takes is a tree of concatenations;
 - an integer sum whose partial sums stay below 2**24 is a float32 SUM (TFLM has no int32 one);
+- ARG_MAX / ARG_MIN read int8 codes as they are (TFLM has no int32 kernel);
 - the frontend's global average (widen x k, pool, rescale: ``global_means``) is
   one lookup by the sum of the centered int8 codes, when the widening is linear.
 
@@ -27,6 +28,7 @@ from collections.abc import Callable
 import numpy as np
 from tflite.BuiltinOperator import BuiltinOperator as B
 from tflite.Padding import Padding
+from tflite.TensorType import TensorType as TflType
 
 from qlower.backends.global_means import GlobalMean, global_means
 from qlower.backends.litert.emit import NotExact, channel_shape, options, tflite_quant
@@ -273,8 +275,26 @@ def _reduce_sum(ex: TflmExport, op: Op) -> bool:
     return True
 
 
+def _arg(code: int, opts_name: str) -> Callable[[TflmExport, Op], bool]:
+    def run(ex: TflmExport, op: Op) -> bool:
+        """ARG_MAX / ARG_MIN on the int8 codes themselves (TFLM has no int32 kernel; LiteRT's form widens
+        them first): one order, one first index of the extreme, whatever the quantization."""
+        x = op.operands[0]
+        if x.dtype is not DType.INT8:
+            return False
+        b, name, axis = ex.b, op.result.name, op.attrs["axis"]
+        shape = tuple(d for i, d in enumerate(x.type.shape) if i != axis)
+        a = b.const(f"{name}/axis", np.asarray([axis], np.int32), "int32")
+        idx = b.op(code, [ex.value(x), a], f"{name}/flat", shape, "int32",
+                   opts=options(opts_name, OutputType=TflType.INT32))
+        ex.bind(op.result, ex._reshape(idx, op.result.shape, name))
+        return True
+    return run
+
+
 _OWN: dict[str, Callable[[TflmExport, Op], bool]] = {
     "rescale": _rescale, "table": _table, "avg_pool2d": _avg_pool, "concat": _concat, "reduce_sum": _reduce_sum,
+    "argmax": _arg(B.ARG_MAX, "ArgMaxOptions"), "argmin": _arg(B.ARG_MIN, "ArgMinOptions"),
 }
 
 
