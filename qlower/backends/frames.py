@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+import sys
 
 _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
@@ -66,3 +67,16 @@ def serve(requests: int, answers: int, handle) -> None:
         except EOFError:
             return  # the caller is gone or done
         write_frame(answers, handle(frame))
+
+
+def private_pipes(silence: bool = True) -> tuple[int, int]:
+    """The worker's request and answer descriptors, taken from its stdin and stdout, which then read
+    nothing (and, with ``silence``, stdout and stderr print nowhere: a native library's chatter
+    must never corrupt the frames)."""
+    requests, answers = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2) if silence else (0,):
+        os.dup2(devnull, fd)
+    if silence:
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
+    return requests, answers

@@ -28,7 +28,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 _spec = importlib.util.spec_from_file_location("qlower_frames", _HERE.parent / "frames.py")
 _frames = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_frames)
-serve = _frames.serve
+serve, private_pipes = _frames.serve, _frames.private_pipes
 
 
 def _perf(report) -> dict:
@@ -103,10 +103,7 @@ def _serve(requests: int, answers: int) -> None:
 
 
 def main() -> None:
-    requests, answers = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    os.dup2(devnull, 0)
-    _serve(requests, answers)
+    _serve(*private_pipes(silence=False))   # Vela's own output is captured per request
 
 
 if __name__ == "__main__":

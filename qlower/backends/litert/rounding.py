@@ -62,24 +62,29 @@ class KernelRounding(Rewrite):
                      f"{KERNEL_ROUNDING[kernels]['fully_connected']}, matmul {KERNEL_ROUNDING[kernels]['matmul']})")
 
     def apply(self, graph: Graph) -> Rewritten:
-        from qlower.backends.litert.export import fused_pairs
+        return with_gemm_rounding(graph, KERNEL_ROUNDING[self.kernels])
 
-        table = KERNEL_ROUNDING[self.kernels]
-        wanted = {key: table[gemm.kind] for key, (op, gemm) in fused_pairs(graph).items()
-                  if op.attrs["rounding"] != table[gemm.kind]}
-        if not wanted:
-            return Rewritten(graph)
-        changed = []
 
-        def rewrite(b, op, operands):
-            want = wanted.get(id(op))
-            if want is None:
-                return None
-            changed.append(op.result.name)
-            return (b.op("rescale", *operands, name=op.result.name, origin=op.result.origin,
-                         out=op.attrs["out"], rounding=want),)
+def with_gemm_rounding(graph: Graph, table: dict[str, str]) -> Rewritten:
+    """``graph`` with each rescale fused into a TFLite GEMM rounding as ``table`` says for that GEMM's
+    kind (the rewrite of every kernel family, LiteRT's and TFLM's), and the rescales it changed."""
+    from qlower.backends.litert.export import fused_pairs
 
-        return Rewritten(rebuild(graph, rewrite), tuple(changed))
+    wanted = {key: table[gemm.kind] for key, (op, gemm) in fused_pairs(graph).items()
+              if op.attrs["rounding"] != table[gemm.kind]}
+    if not wanted:
+        return Rewritten(graph)
+    changed = []
+
+    def rewrite(b, op, operands):
+        want = wanted.get(id(op))
+        if want is None:
+            return None
+        changed.append(op.result.name)
+        return (b.op("rescale", *operands, name=op.result.name, origin=op.result.origin,
+                     out=op.attrs["out"], rounding=want),)
+
+    return Rewritten(rebuild(graph, rewrite), tuple(changed))
 
 
 def exact_kernels(graph: Graph) -> list[str]:

@@ -16,8 +16,8 @@ each), which litert's ``TfliteAdd`` rewrite writes into the graph.
 
 from __future__ import annotations
 
-from qlower.backends.litert.export import fused_pairs
-from qlower.ir import Graph, rebuild
+from qlower.backends.litert.rounding import with_gemm_rounding
+from qlower.ir import Graph
 from qlower.ir.rewrite import Rewrite, Rewritten
 
 TFLM_ROUNDING = {"conv2d": "double", "fully_connected": "double", "matmul": "double"}
@@ -33,18 +33,4 @@ class TflmKernelRounding(Rewrite):
             "kernels do (MultiplyByQuantizedMultiplier)")
 
     def apply(self, graph: Graph) -> Rewritten:
-        wanted = {key: TFLM_ROUNDING[gemm.kind] for key, (op, gemm) in fused_pairs(graph).items()
-                  if op.attrs["rounding"] != TFLM_ROUNDING[gemm.kind]}
-        if not wanted:
-            return Rewritten(graph)
-        changed = []
-
-        def rewrite(b, op, operands):
-            want = wanted.get(id(op))
-            if want is None:
-                return None
-            changed.append(op.result.name)
-            return (b.op("rescale", *operands, name=op.result.name, origin=op.result.origin,
-                         out=op.attrs["out"], rounding=want),)
-
-        return Rewritten(rebuild(graph, rewrite), tuple(changed))
+        return with_gemm_rounding(graph, TFLM_ROUNDING)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
-from frames import from_npy, serve, to_npy, write_frame  # noqa: E402
+from frames import from_npy, private_pipes, serve, to_npy, write_frame  # noqa: E402
 
 ALIGN = 16          # arena sizes are searched in steps of TFLM's tensor alignment, then to the byte
 _START = 1 << 12
@@ -154,12 +154,7 @@ def _tensor_indices(model: bytes) -> dict[str, int]:
 
 
 def main() -> None:
-    requests, answers = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-    _serve(requests, answers)
+    _serve(*private_pipes())
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from pathlib import Path
 
 # the frame protocol, shared with Vela's worker (this process can't import qlower: it runs with -I)
 sys.path.append(str(Path(__file__).resolve().parent.parent))
-from frames import from_npy, serve, to_npy, write_frame  # noqa: E402
+from frames import from_npy, private_pipes, serve, to_npy, write_frame  # noqa: E402
 
 
 def _serve(requests: int, answers: int) -> None:
@@ -58,12 +58,7 @@ def _serve(requests: int, answers: int) -> None:
 
 def main() -> None:
     os.environ["TOSA_MODEL_NO_BACKTRACE"] = "1"   # no gdb backtrace on a failure
-    requests, answers = os.dup(0), os.dup(1)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
-    _serve(requests, answers)
+    _serve(*private_pipes())
 
 
 if __name__ == "__main__":
