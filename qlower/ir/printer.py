@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from qlower.ir.graph import Graph, Op, Operand
+from qlower.ir.opdefs import op_def
 from qlower.ir.text import attr_text, type_text
 
 
@@ -36,12 +37,19 @@ def _fmt_operand(o: Operand) -> str:
     return f"%{o.name}"
 
 
+def _shown(op: Op) -> list[tuple[str, object]]:
+    """The attributes to print: a flag whose default is off (add's ``wrap``) only when set, since its
+    absence reads as that default and the parser fills defaults in."""
+    defaults = op_def(op.kind).attrs
+    return [(k, v) for k, v in sorted(op.attrs.items()) if not (v is False and defaults.get(k) is False)]
+
+
 def print_op(op: Op, show_types: bool = True, exact: bool = False) -> str:
     """One op as text; ``exact``: every bit of every attribute and type (``qlower.ir.parser`` reads it)."""
     results = ", ".join(f"%{r.name}" for r in op.results)
     if exact:
         args = ", ".join(_fmt_operand(o) for o in op.operands)
-        attrs = ", ".join(f"{k}={attr_text(v)}" for k, v in sorted(op.attrs.items()))
+        attrs = ", ".join(f"{k}={attr_text(v)}" for k, v in _shown(op))
         return (f"{results} = {op.kind}({args})" + (" {" + attrs + "}" if attrs else "")
                 + " : " + ", ".join(type_text(r.type) for r in op.results))
     if op.kind == "constant":
@@ -49,7 +57,7 @@ def print_op(op: Op, show_types: bool = True, exact: bool = False) -> str:
         body = f"constant {_fmt_attr(data)}" if data.size <= 8 else "constant"
         return f"{results} = {body} : {op.result.type}"
     args = ", ".join(_fmt_operand(o) for o in op.operands)
-    attrs = ", ".join(f"{k}={_fmt_attr(v)}" for k, v in sorted(op.attrs.items()))
+    attrs = ", ".join(f"{k}={_fmt_attr(v)}" for k, v in _shown(op))
     text = f"{results} = {op.kind}({args})"
     if attrs:
         text += " {" + attrs + "}"
