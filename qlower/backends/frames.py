@@ -11,6 +11,7 @@ import io
 import os
 import struct
 import sys
+import tempfile
 
 _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
@@ -80,3 +81,21 @@ def private_pipes(silence: bool = True) -> tuple[int, int]:
     if silence:
         sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - lives as long as the process
     return requests, answers
+
+
+def load_native(answers: int, what: str, load):
+    """A worker's native module, from ``load()``; when it can't be imported, the caller is told why
+    (it raises that as its error) and None is returned."""
+    try:
+        return load()
+    except Exception as e:  # noqa: BLE001 - reported to the caller, who raises it
+        write_frame(answers, [b"error", f"can't import {what}: {e}".encode()])
+        return None
+
+
+def stderr_to_file():
+    """fd 2 into a temporary file (returned, read back into error messages): what a native library
+    prints is a diagnostic for the caller, never noise in the frames."""
+    log = tempfile.TemporaryFile()
+    os.dup2(log.fileno(), 2)
+    return log

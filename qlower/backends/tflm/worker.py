@@ -17,27 +17,29 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 sys.path.append(str(Path(__file__).resolve().parent.parent))
-from frames import from_npy, private_pipes, serve, to_npy, write_frame  # noqa: E402
+from frames import from_npy, load_native, private_pipes, serve, stderr_to_file, to_npy  # noqa: E402
 
 ALIGN = 16          # arena sizes are searched in steps of TFLM's tensor alignment, then to the byte
 _START = 1 << 12
 _TRACE_LIMIT = 1 << 31
 
 
+def _runtime():
+    from tflite_micro.python.tflite_micro import runtime
+
+    return runtime
+
+
 def _serve(requests: int, answers: int) -> None:
-    try:
-        from tflite_micro.python.tflite_micro import runtime
-    except Exception as e:  # noqa: BLE001 - reported to the caller, who raises it
-        write_frame(answers, [b"error", f"can't import TFLM's interpreter (tflite-micro): {e}".encode()])
+    runtime = load_native(answers, "TFLM's interpreter (tflite-micro)", _runtime)
+    if runtime is None:
         return
-    log = tempfile.TemporaryFile()
-    os.dup2(log.fileno(), 2)
+    log = stderr_to_file()
     kept: dict = {}
 
     def interpreter(model: bytes, arena: int):

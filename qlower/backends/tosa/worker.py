@@ -20,23 +20,25 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 # the frame protocol, shared with Vela's worker (this process can't import qlower: it runs with -I)
 sys.path.append(str(Path(__file__).resolve().parent.parent))
-from frames import from_npy, private_pipes, serve, to_npy, write_frame  # noqa: E402
+from frames import from_npy, load_native, private_pipes, serve, stderr_to_file, to_npy  # noqa: E402
+
+
+def _reference_model():
+    import numpy  # noqa: F401
+    import tosa_reference_model
+
+    return tosa_reference_model
 
 
 def _serve(requests: int, answers: int) -> None:
-    try:
-        import numpy  # noqa: F401
-        import tosa_reference_model as trm
-    except Exception as e:  # noqa: BLE001 - reported to the caller, who raises it
-        write_frame(answers, [b"error", f"can't import the TOSA reference model: {e}".encode()])
+    trm = load_native(answers, "the TOSA reference model", _reference_model)
+    if trm is None:
         return
-    diagnostics = tempfile.TemporaryFile()
-    os.dup2(diagnostics.fileno(), 2)
+    diagnostics = stderr_to_file()
 
     def handle(frame: list[bytes]) -> list[bytes]:
         try:
