@@ -51,6 +51,11 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
             trace: bool = False, backend_options: dict[str, Any] | None = None) -> Program:
     """Quantize ``model`` (``quant=None`` keeps it in float), import it, optimise and lower it for ``target``.
 
+    A model quantized already is compiled with its own quantization, without calibration: torchao's
+    ``convert_pt2e`` output (any quantizer) or a QAT model (``prepare_qat``, or torchao's
+    ``prepare_qat_pt2e``); ``quant`` may then only set ``fallback``, and what the target can't hold
+    exactly is refused by node and source line (frontend/pt2e_input.py).
+
     ``calibration`` is a list of input tuples (default: the example inputs);
     a progress bar runs over it unless ``progress=False``. ``trace`` keeps what
     per-layer verification needs to look inside partitions. ``backend_options``
@@ -60,6 +65,7 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
     """
     from qlower.frontend import capture_and_import
     from qlower.frontend.arguments import check_calibration, check_example_inputs, check_model, check_quant
+    from qlower.frontend.pt2e_input import import_prequantized, quantized_form
     from qlower.passes import default_pipeline
 
     # every argument is checked before the minutes of export and calibration, not after
@@ -70,9 +76,13 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
     calibration = check_calibration(calibration if calibration is not None else [example_inputs], example_inputs)
     t0 = time.perf_counter()
     promoted = []
-    if quant is not None and quant.auto_int16:
-        quant, promoted = promote_sensitive_layers(model, example_inputs, quant, calibration, progress)
-    front = capture_and_import(model, example_inputs, quant, calibration, progress=progress)
+    if quantized_form(model) is not None:  # quantized already (PT2E, QAT): its q/dq nodes taken as given
+        front = import_prequantized(model, example_inputs, quant, target)
+        quant = getattr(model, "qlower_quant", None) or quant
+    else:
+        if quant is not None and quant.auto_int16:
+            quant, promoted = promote_sensitive_layers(model, example_inputs, quant, calibration, progress)
+        front = capture_and_import(model, example_inputs, quant, calibration, progress=progress)
     t1 = time.perf_counter()
     graph = default_pipeline(verify=verify_passes).run(front.graph)
     t2 = time.perf_counter()
