@@ -220,6 +220,13 @@ def cmd_inspect(args) -> int:
     return 0
 
 
+def cmd_view(args) -> int:
+    from qlower.view.server import serve
+
+    serve(args.program, report=args.report, port=args.port, open_browser=not args.no_browser)
+    return 0
+
+
 def _percent(x: float | None) -> str:
     return "—" if x is None else f"{100 * x:.2f}%"
 
@@ -296,6 +303,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--input", action="append", default=[], help="an input as .npy (repeat for several)")
     r.add_argument("--output", help="write the output(s) as .npy / .npz")
     r.set_defaults(fn=cmd_run)
+    v = sub.add_parser("view", help="open a program file's graph in Model Explorer (partitions, host ops, "
+                                    "per-layer error with --report)")
+    v.add_argument("program", help="a program file (.qlp)")
+    v.add_argument("--report", help="a verification report (qlower verify --json) to overlay per node")
+    v.add_argument("--port", type=int, default=None, help="the server's port (default: the first free from 8080)")
+    v.add_argument("--no-browser", action="store_true", help="print the URL only; don't open a browser")
+    v.set_defaults(fn=cmd_view)
     i = sub.add_parser("inspect", help="show a program file's targets, partitions, I/O types and sizes")
     i.add_argument("program")
     i.set_defaults(fn=cmd_inspect)
