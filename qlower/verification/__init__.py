@@ -18,4 +18,6 @@ def verify_program(program, inputs: Sequence[Sequence[Any]]) -> VerificationRepo
     inputs = list(inputs)
     if not inputs:
         raise InputError("verify needs at least one input tuple in inputs")
-    return VerificationReport.worst_of([run_stages(program, x) for x in inputs])
+    report = VerificationReport.worst_of([run_stages(program, x) for x in inputs])
+    report.program = program    # for report.view(): the graph the rows belong to
+    return report

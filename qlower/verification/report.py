@@ -6,6 +6,7 @@ import io
 import json
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from qlower.contract import DEVICE_MEMORY
 from qlower.ir.rewrite import bound_text
@@ -85,6 +86,8 @@ class VerificationReport:
     # what the device must hold, per partition (the backends' cost reports): partition, estimator and
     # bytes of each contract.DEVICE_MEMORY kind it states (arena, flash, sram)
     memory: list[dict] = field(default_factory=list)
+    # the verified program (not saved with the report): what ``view()`` draws the rows on
+    program: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
     def worst_of(cls, reports: list[VerificationReport]) -> VerificationReport:
@@ -249,6 +252,22 @@ class VerificationReport:
         from qlower.verification.html import write_html
 
         return write_html(self, path)
+
+    def view(self, port: int | None = None, open_browser: bool = True) -> None:
+        """Open the verified program's graph in Model Explorer with this report's per-node overlays
+        (steps, SQNR, exact share; Vela's cycles): ``qlower view prog.qlp --report r.json`` from
+        Python. Blocks until Ctrl-C; needs the ``qlower[view]`` extra."""
+        import tempfile
+
+        from qlower.view.server import ViewError, serve
+
+        if self.program is None:
+            raise ViewError("this report has no program to show (a report read back from JSON): "
+                            "run qlower view PROGRAM.qlp --report REPORT.json")
+        with tempfile.TemporaryDirectory(prefix="qlower-view-") as folder:
+            path = f"{folder}/{self.target}.qlp"
+            self.program.save(path)
+            serve(path, report=self, port=port, open_browser=open_browser)
 
     def __str__(self) -> str:
         return self.table()
