@@ -122,14 +122,19 @@ class Chromium:
         return result.get("result", {}).get("value")
 
     def wait_for(self, expression: str, timeout: float | None = None, interval: float = 0.5) -> Any:
-        """Poll ``expression`` until it is truthy; returns its value."""
+        """Poll ``expression`` until it is truthy; returns its value. An expression that throws
+        (the page is still loading: no body yet) counts as not yet."""
         deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        last = ""
         while time.monotonic() < deadline:
-            value = self.evaluate(expression)
+            try:
+                value = self.evaluate(expression)
+            except BrowserError as e:
+                value, last = None, f" (last: {e})"
             if value:
                 return value
             time.sleep(interval)
-        raise BrowserError(f"the page never satisfied {expression!r}")
+        raise BrowserError(f"the page never satisfied {expression!r}{last}")
 
     def screenshot(self, path: str | os.PathLike) -> None:
         data = self.call("Page.captureScreenshot", format="png")["data"]
