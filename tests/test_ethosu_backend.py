@@ -54,14 +54,19 @@ def float_in_the_middle():
     return verify_graph(b.build([c, b.op("dequantize", c, None, name="c_f")]))
 
 
-def intdiv_in_the_middle():
-    """int8 conv -> int32 accumulator // 7 (Vela: not on U55) -> rescale -> int8."""
+def intdiv_in_the_middle(runtime_divisor: bool = True):
+    """int8 conv -> int32 accumulator // (a value computed at run time in [1, 100], Vela: not on
+    U55; or the constant 7, multiplies and shifts on U55) -> rescale -> int8."""
     b = GraphBuilder("div")
     x = b.input("x", TensorType((1, 8, 8, 4), DType.INT8, XQ))
     acc = conv_block(b, x, 8, 2, "c1", requant=False)
-    seven = b.constant(np.full((1, 1, 1, 1), 7, np.int32), QuantSpec.per_tensor(1.0, 0, DType.INT32), name="seven")
+    one = QuantSpec.per_tensor(1.0, 0, DType.INT32)
+    seven = b.constant(np.full((1, 1, 1, 1), 7, np.int32), one, name="seven")
     acc_t = b.op("rescale", acc, out=QuantSpec.per_tensor(1e-4, 0, DType.INT32), name="acc_t")
-    d = b.op("intdiv", acc_t, seven, name="div")
+    divisor = seven
+    if runtime_divisor:
+        divisor = b.op("clamp", b.op("rescale", acc, out=one, name="acc_1"), min=1, max=100, name="divisor")
+    d = b.op("intdiv", acc_t, divisor, name="div")
     return verify_graph(b.build([b.op("rescale", d, out=QuantSpec.per_tensor(0.01, 0), name="y")]))
 
 
@@ -108,8 +113,8 @@ def test_intdiv_is_rejected_by_vela_on_u55_only():
     be.prepare(g)
     div = _op(g, "div")
     no = be.supports(div, U55)
-    assert not no and no.reason == ("Vela (ethos-u55-128): Non-passthrough operation (Div) could not run on NPU "
-                                    "(intdiv lowers to TOSA INTDIV)")
+    assert not no and no.reason == ("Vela (ethos-u55-128): Non-passthrough operation (Equal) could not run on NPU "
+                                    "(intdiv lowers to TOSA ADD, EQUAL, INTDIV, MUL, SELECT)")
     assert be.supports(div, U85)
     assert be.supports(_op(g, "c1"), U55) and be.supports(_op(g, "y"), U55)
 
@@ -195,13 +200,21 @@ def test_int32_boundary_on_u55_keeps_vela_s_four_byte_elements():
     res = _partition_and_run(g, U55)
     assert len(res.partitions) == 2
     _check_boundaries_are_vela_s(res)
-    assert [t.dtype for t in res.partitions[0].output_types] == [DType.INT32]
+    assert [t.dtype for t in res.partitions[0].output_types] == [DType.INT32, DType.INT32]  # dividend, divisor
     assert [d.op.kind for d in res.decisions] == ["intdiv"]
-    assert "Non-passthrough operation (Div)" in res.decisions[0].reason
+    assert "Non-passthrough operation (Equal)" in res.decisions[0].reason
     res85 = _partition_and_run(g, U85, seeds=(0,))
     assert len(res85.partitions) == 1 and not res85.decisions
     explained = lower_graph(g, U55).explain()
-    assert "%div = intdiv  at <no source>: Vela (ethos-u55-128): Non-passthrough operation (Div)" in explained
+    assert "%div = intdiv  at <no source>: Vela (ethos-u55-128): Non-passthrough operation (Equal)" in explained
+
+
+def test_intdiv_by_a_constant_runs_on_u55_as_multiplies_and_shifts():
+    g = intdiv_in_the_middle(runtime_divisor=False)
+    res = _partition_and_run(g, U55, seeds=(0, 1, 2))
+    assert len(res.partitions) == 1 and not res.decisions
+    tosa_ops = lower_graph(g, U55).partitions[0].payload.meta["tosa"]["tosa_ops"]
+    assert "INTDIV" not in tosa_ops and tosa_ops["RESCALE"] >= 2
 
 
 def test_boundary_type_refuses_to_reinterpret():

@@ -14,6 +14,7 @@ Vela's estimates, not measurements.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,7 +34,7 @@ from qlower.backends.ethosu.vela import (
     total_cycles,
     vela_config,
 )
-from qlower.backends.tosa.backend import GRAPH_BLOB
+from qlower.backends.tosa.backend import GRAPH_BLOB, TosaBackend
 from qlower.backends.tosa.consumer import TosaConsumer, simulated
 from qlower.contract import CostReport, HostGraphExporter, Payload, Verdict
 from qlower.errors import CompileError, QlowerError
@@ -177,7 +178,7 @@ def _lower_unvalidated(graph: Graph) -> tuple[bytes, list[str]]:
     from qlower.backends.tosa.lowering import emit_tosa
     from qlower.backends.tosa.support import profile_for
 
-    writer = emit_tosa(graph, profile_for(TOSA_PROFILE)).writer
+    writer = emit_tosa(graph, profile_for(TOSA_PROFILE), divide_by_multiply=True).writer
     return writer.serialize(), sorted(writer.op_counts())
 
 
@@ -237,6 +238,12 @@ class EthosUBackend(TosaConsumer):
 
     def tosa_profile(self, target: str) -> str:
         return TOSA_PROFILE
+
+    @functools.cached_property
+    def tosa(self) -> TosaBackend:
+        """The TOSA lowering Vela reads: an ``intdiv`` by a constant as multiplies and shifts
+        (Vela runs no INTDIV on U55/U65; tosa/division.py proves the form exact)."""
+        return TosaBackend(divide_by_multiply=True)
 
     def rewrites(self, target: str) -> tuple[Rewrite, ...]:
         """Each mean over H and W Vela can take only as a sum, then each mean and each int16 lookup, in

@@ -28,8 +28,14 @@ TRACE_BLOB = "trace.tosa"
 
 
 class TosaBackend(Backend):
+    """Options: ``divide_by_multiply`` writes an ``intdiv`` by a constant without INTDIV, as
+    multiplies and shifts (division.py), for accelerators without a divider (Ethos-U55/U65)."""
+
     name = "tosa"
     targets = tuple(PROFILES)
+
+    def __init__(self, divide_by_multiply: bool = False) -> None:
+        self.divide_by_multiply = divide_by_multiply
 
     def supports(self, op: Op, target: str) -> Verdict:
         reason = check(op, profile_for(target))
@@ -52,7 +58,7 @@ class TosaBackend(Backend):
     def _emit(self, subgraph: Graph, target: str, trace: bool) -> tuple[Payload, Lowered]:
         """The payload ``lower`` returns, before validation (deterministic: same graph, same bytes)."""
         profile = profile_for(target)
-        lowered = emit_tosa(subgraph, profile)
+        lowered = emit_tosa(subgraph, profile, self.divide_by_multiply)
         writer = lowered.writer
         blobs = {GRAPH_BLOB: writer.serialize()}
         meta = {

@@ -14,8 +14,9 @@ import math
 import numpy as np
 import tosa_serializer as ts
 
+from qlower.backends.tosa.division import Magic, division_magic
 from qlower.backends.tosa.lowering import Lowerer, lowering
-from qlower.backends.tosa.serializer import DT, NUMPY_OF, Tensor, attr, tosa_dtype
+from qlower.backends.tosa.serializer import DT, NUMPY_OF, Tensor, attr, dtype_range, tosa_dtype
 from qlower.ir import DType, Op, requant
 
 Op_ = ts.Op
@@ -64,6 +65,13 @@ def _intdiv(lw: Lowerer, op: Op) -> Tensor:
     """
     a, b = (lw.t(v) for v in op.operands)
     shape, i32 = op.result.shape, DT.INT32
+    if lw.divide_by_multiply and b.is_const and a.shape == tuple(shape):
+        divisor = np.unique(b.data)
+        magic = division_magic(abs(int(divisor[0]))) if divisor.size == 1 else None
+        if magic is not None:
+            q = _divide_by_magic(lw, a, magic)
+            return q if divisor[0] > 0 else lw.emit(Op_.SUB, [lw.w.const(np.zeros((1,) * a.rank, np.int32)), q],
+                                                     shape, i32, attr("Sub"))
     if b.is_const and np.all(b.data != 0):
         return lw.emit(Op_.INTDIV, [a, b], shape, i32, attr("IntDiv"))
     ones = (1,) * b.rank
@@ -77,6 +85,36 @@ def _intdiv(lw: Lowerer, op: Op) -> Tensor:
     poison = lw.emit(Op_.MUL, [big, big, lw.scalar(1, DT.INT8)], b.shape, i32, attr("Mul"))
     quotient = lw.emit(Op_.INTDIV, [a, safe], shape, i32, attr("IntDiv"))
     return lw.emit(Op_.ADD, [quotient, poison], shape, i32, attr("Add"))
+
+
+def _divide_by_magic(lw: Lowerer, a: Tensor, g: Magic) -> Tensor:
+    """``trunc(a / g.divisor)`` as RESCALE, ADD, SUB, MUL and MAXIMUM/MINIMUM: the forms of
+    division.py, exact for every int32 ``a`` (proven there; ``truncated_quotient`` is the same
+    computation in Python)."""
+    i32 = DT.INT32
+    ones = (1,) * a.rank
+    mult = requant.Multiplier(np.array([g.multiplier], np.int64), np.array([g.shift], np.int64))
+
+    def floor_approx(x: Tensor) -> Tensor:
+        return lw.rescale(lw.add_const(x, -g.offset), mult, 0, 0, i32)
+
+    def sub(x: Tensor, y: Tensor) -> Tensor:
+        return lw.emit(Op_.SUB, [x, y], a.shape, i32, attr("Sub"))
+
+    positive = lw.clamp(a, 0, dtype_range(i32)[1])
+    if not g.correct:
+        negative = lw.add_const(lw.clamp(a, dtype_range(i32)[0], 0), g.divisor - 1)
+        return lw.emit(Op_.ADD, [floor_approx(positive), floor_approx(negative)], a.shape, i32, attr("Add"))
+
+    def floor(x: Tensor) -> Tensor:
+        q0 = floor_approx(x)
+        d = lw.w.const(np.full(ones, g.divisor, np.int32), i32)
+        r0 = sub(x, lw.emit(Op_.MUL, [q0, d, lw.scalar(0, DT.INT8)], a.shape, i32, attr("Mul")))
+        step = lw.clamp(lw.add_const(r0, 1 - g.divisor), 0, 1)
+        return lw.emit(Op_.ADD, [q0, step], a.shape, i32, attr("Add"))
+
+    magnitude = sub(lw.w.const(np.zeros(ones, np.int32), i32), lw.clamp(a, -dtype_range(i32)[1], 0))
+    return sub(floor(positive), floor(magnitude))
 
 
 @lowering("mul")
