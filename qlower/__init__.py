@@ -21,7 +21,8 @@ _PUBLIC = {
     "op_resolver_header": "qlower.backends.tflm.resolver", "QuantConfig": "qlower.frontend.config", "Program": "qlower.program", "load": "qlower.program.fileformat",
 }
 # subpackages users reach as attributes without importing them
-_SUBPACKAGES = {"zoo", "errors", "ir", "reference", "verification", "program", "backends", "frontend"}
+# (``sweep`` is a package that is also callable: ``qlower.sweep(jobs)``)
+_SUBPACKAGES = {"zoo", "errors", "ir", "reference", "verification", "program", "backends", "frontend", "sweep"}
 __all__ = sorted(_PUBLIC)
 
 

@@ -215,6 +215,29 @@ def cmd_sensitivity(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    """Models × targets × configurations, compiled and measured in parallel (qlower.sweep)."""
+    from qlower import sweep
+
+    if args.spec and (args.models or args.targets):
+        raise UsageError("give a SPEC.toml or --models/--targets, not both")
+    if args.spec:
+        jobs = sweep.load_spec(args.spec)
+    elif args.models and args.targets:
+        jobs = sweep.grid_from_text(args.models.split(","), args.targets.split(","), quant=args.quant,
+                                    options=args.option, measures=args.measure, size=args.size, trained=args.trained)
+    else:
+        raise UsageError("sweep takes a SPEC.toml, or --models and --targets")
+    ray = True if args.ray == "" else args.ray
+    result = sweep(jobs, workers=args.workers, ray=ray, cache=False if args.no_cache else True)
+    say(result.table())
+    if args.json:
+        say(f"JSON: {result.write_json(args.json)}")
+    if args.html:
+        say(f"HTML: {result.write_html(args.html)}")
+    return 0 if result.ok else 1
+
+
 def cmd_inspect(args) -> int:
     say(json.dumps(qlower.inspect_program(args.program), indent=2, default=str))
     return 0
@@ -298,6 +321,24 @@ def main(argv: list[str] | None = None) -> int:
     sens.add_argument("--plot", help="also draw the ranking as a PNG bar chart")
     sens.add_argument("--json", help="also write the ranking as JSON")
     sens.set_defaults(fn=cmd_sensitivity)
+    sw = sub.add_parser("sweep", help="models × targets × configurations in parallel, cached (local or Ray)")
+    sw.add_argument("spec", nargs="?", help="a TOML spec (a [grid] and/or [[job]] list); or use --models/--targets")
+    sw.add_argument("--models", help="comma-separated zoo:NAME / FILE.py:FACTORY")
+    sw.add_argument("--targets", help="comma-separated targets")
+    sw.add_argument("--size", type=int, default=None, help="input size for image models")
+    sw.add_argument("--trained", action="store_true", help="zoo models' trained weights (top-1 accuracy)")
+    sw.add_argument("--quant", action="append", default=[], metavar="FIELD=V[,V]",
+                    help="a QuantConfig field, several values an axis (repeat for several)")
+    sw.add_argument("--option", action="append", default=[], metavar="KEY=V[,V]",
+                    help="a backend option for the targets that take it, several values an axis")
+    sw.add_argument("--measure", default="verify", help="comma-separated: compile, verify, accuracy, cycles, latency")
+    sw.add_argument("--workers", type=int, default=None, help="local processes at once (default: the cores)")
+    sw.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                    help="run on Ray (pip install 'qlower[ray]'): a cluster's address, 'auto', or none for a local one")
+    sw.add_argument("--no-cache", action="store_true", help="recompute every job and keep nothing")
+    sw.add_argument("--json", help="also write the rows as JSON")
+    sw.add_argument("--html", help="also write the HTML page (sortable table, Pareto plot)")
+    sw.set_defaults(fn=cmd_sweep)
     r = sub.add_parser("run", help="run a program file on .npy inputs")
     r.add_argument("program")
     r.add_argument("--input", action="append", default=[], help="an input as .npy (repeat for several)")
