@@ -24,6 +24,7 @@ InstanceNorm (see below) reuse it where their layout allows.
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -82,131 +83,192 @@ def unfolded_batch_norm(ctx: ImportContext, node, input: Ref, scale: Ref, shift:
 TABLE_BITS = 14        # the normalised U/2**16 lies in [2**12, 2**14): the rsqrt table's index
 RSQRT_ONE = 2**30      # table entries: 2**30 / sqrt(index + 1/2)
 MAX_ERROR_STEPS = 0.5  # static bound on the error before the output's rounding
+U_LIMIT = 2**30        # every U (the scaled variance) stays below this
+Y_CODES = 2**15        # the normalised value's int32 codes lie in [-Y_CODES, Y_CODES]
 
 
 def _plain(ctx: ImportContext, value: int, rank: int, spec: QuantSpec):
     return ctx.constant(np.full((1,) * rank, value, np.int32), spec)
 
 
-def _fine_scale(m: int, e: float) -> tuple[int, int, float]:
-    """How much finer (``4**j``) small variances are held (see layer_norm): ``(j, V limit, bound on U)``.
+@dataclass(frozen=True)
+class _Plan:
+    """The integer LayerNorm's constants for one width (see ``layer_norm``)."""
 
-    Holding E as ``round(M·E)`` moves the normalised value by at most ``sqrt(N) / (4 U)``: ``U`` is at
-    least ``M_f·E`` on the fine path and ``M·(limit + 1)`` on the coarse one; ``j`` maximises the smaller.
-    """
-    best = (0, -1, m * e - 0.5)
+    coarse: int      # K_c: U = K_c·X for a large G
+    j: int           # a small G (<= limit) is held 4**j times finer: U = K_c·4**j·X (j = 0: one path)
+    limit: int
+    u_min: float     # the smallest U of a row that isn't constant (then D = 0 and U doesn't matter)
+    shift: int       # of the product D·2**k·table
+    y_max: float     # |y| beyond this saturates the output; the codes of y span [-y_max, y_max]
+    error: float     # bound on |result - exact| in output value units, before the output's rounding
+
+
+def _u_min(n: int, ne: float, coarse: int, j: int, limit: int) -> float:
+    """Smallest U of a non-constant row: ``V >= N - 1`` so ``X >= (N - 1)/N + N·E``; the coarse path
+    only takes ``G > limit``, so ``X > limit + N·E`` there; U is within 1.5 of ``K·X``."""
+    fine = coarse * 4**j * ((n - 1) / n + ne)
+    return min(fine, coarse * (limit + ne)) - 1.5 if j else coarse * ((n - 1) / n + ne) - 1.5
+
+
+def _plan(ctx: ImportContext, n: int, span: int, ne: float, w: np.ndarray, b: np.ndarray,
+          out: QuantSpec) -> _Plan:
+    g_max = n * (span * span / 4 + 1)   # G <= T = N·var + N·(mean - m0)² with var <= (span/2)²
+    if g_max + ne + 2 >= U_LIMIT:
+        raise ctx.unsupported(f"layer_norm over {n} elements of {span + 1} codes: the sum of squares "
+                              f"({g_max:.3g}) leaves no int32 headroom")
+    coarse = 1
+    while 4 * coarse * (g_max + ne + 2) < U_LIMIT:
+        coarse *= 4
+    best = (0, -1)
     for j in range(1, 16):
-        fine = m * 4**j
-        limit = int((2**30 - 1) // fine - e - 2)
-        if limit < 0:
+        fine = coarse * 4**j
+        limit = int((U_LIMIT - 2) // fine - ne - 1)
+        if limit < 0 or fine * n >= 2**31:   # fine·b (b < N) must fit int32
             break
-        smallest = min(fine * e - 0.5, m * (limit + 1.0))
-        if smallest > best[2]:
-            best = (j, limit, smallest)
-    return best
-
-
-def _layer_norm_error(n: int, m: int, u_min: float, w_max: float, t2: float) -> float:
-    """Bound (in output value units) on |integer LayerNorm - exact| before the output rounding; see layer_norm."""
-    normalised = (np.sqrt(n) / (4 * max(u_min, 1e-30))              # E held as an integer
-                  + np.sqrt(n) * (2.0**-(TABLE_BITS) + 2.0**-22)    # index truncation, table rounding
-                  + 0.5 * np.sqrt(m) / 2**22 + 0.5 * np.sqrt(n) / 2**15)  # two rescale roundings
-    return w_max * normalised + (2**15 + 1) * t2                    # weight and bias codes at t2
+        if _u_min(n, ne, coarse, j, limit) > _u_min(n, ne, coarse, *best):
+            best = (j, limit)
+    j, limit = best
+    u_min = _u_min(n, ne, coarse, j, limit)
+    slack = 1.01 / np.sqrt(max(1.0 - 1.5 / max(u_min, 2.0), 1e-3))
+    if n * 2**15 * slack / np.sqrt(coarse) >= 2**31:   # D·2**k·2**j (module doc)
+        raise ctx.unsupported(f"layer_norm over {n} elements: D·2**k leaves no int32 headroom")
+    # output values beyond [lo, hi] saturate: |y·w| past max(hi - b, b - lo) changes nothing
+    s_out, zp = out.scale[0], out.zero_point[0]
+    lo, hi = s_out * (out.qmin - zp - 1), s_out * (out.qmax - zp + 1)
+    reach = np.maximum(hi - b, b - lo).reshape(-1)
+    wa = np.broadcast_to(np.abs(w), b.shape).reshape(-1)
+    live = wa > 0
+    y_max = float(np.sqrt(n))
+    if live.any():
+        y_max = min(y_max, 1.01 * float(np.max(np.maximum(reach[live], 0) / wa[live])) + 1e-6)
+    yw = float(np.max(np.minimum(y_max * wa, 1.01 * np.maximum(reach, 0) + 1e-6)))
+    shift = max(0, int(np.ceil(np.log2(n * 2.0**8 * slack / np.sqrt(coarse)))))
+    s_scaled = np.sqrt(coarse) * 2.0**shift / (2.0**38 * np.sqrt(n))
+    w_max = float(wa.max())
+    t2 = (y_max * w_max + float(np.abs(b).max()) or 1.0) / 2**29
+    relative = 0.75 / max(u_min - 1.5, 1e-30) + 2.0**-TABLE_BITS + 2.0**-22
+    error = (relative * yw + w_max * 0.5 * (s_scaled + y_max / Y_CODES)
+             + (Y_CODES / 2 + 1) * t2)
+    return _Plan(coarse, j, limit, u_min, shift, y_max, error)
 
 
 def layer_norm(ctx: ImportContext, x: Ref, dims: int, weight: np.ndarray | None, bias: np.ndarray | None,
                eps: float, out: QuantSpec) -> Ref:
-    """LayerNorm over the last ``dims`` PyTorch dims of per-tensor codes, from existing integer IR ops only;
-    ``weight`` / ``bias`` (None: 1 / 0) hold one value per element of those dims (their size).
+    """LayerNorm over the last ``dims`` PyTorch dims of per-tensor codes, from existing integer IR ops only
+    (int32 throughout: TOSA has no int64); ``weight`` / ``bias`` (None: 1 / 0) hold one value per element
+    of those dims (their size).
 
-    With ``d = q - zp`` over the ``N`` normalised elements: ``D = N·d - Σd``, ``V = N·Σd² - (Σd)²``, and
-    ``(x - mean) / sqrt(var + eps) = D / sqrt(V + E)`` with ``E = N² eps / s²``. ``U = M·V + round(M·E)``
-    (``M`` the largest power of 4 that keeps ``U`` below ``2**30``; a small ``V`` is held ``4**j`` times
-    finer, so that rounding ``E`` stays negligible, see ``_fine_scale``) is normalised to ``W = U·4**k`` in
-    ``[2**28, 2**30)`` by four compare-free steps (``intdiv`` / ``clamp`` / ``mul`` / ``add``), the
-    reciprocal square root read from a table at ``W / 2**16``, and ``D·2**k·table`` gives the normalised
-    value at a fixed scale; the affine part uses int32 codes at one scale, as ``channel_affine``. Every
-    step is an IR op that each backend computes exactly as the reference; the static error bound is
-    checked against half an output step.
+    With ``d = q - zp`` over the ``N`` normalised elements (codes span ``S = qmax - qmin``), ``S1 = Σd``,
+    ``m0 = trunc(S1 / N)``, ``e = d - m0`` (``|e| <= S``), ``r = S1 - N·m0`` (``|r| < N``),
+    ``T = Σe²`` (``< N·(S²/4 + 1)``: int32 for N up to ~16,000 int8 elements), ``a = r² // N``,
+    ``b = r² - a·N`` and ``G = T - a``: the variance's numerator ``V = N·Σd² - (Σd)² = N·G - b``
+    exactly (shift invariance), never formed itself (it needs N²·S² of range). With
+    ``E = eps / s²`` and ``D = N·d - S1``::
+
+        y = (x - mean) / sqrt(var + eps) = D / (sqrt(N) · sqrt(X)),  X = G - b/N + N·E
+
+    ``U = K·G + round(K·N·E) - floor(K·b / N)`` is within 1.5 of ``K·X``; ``K = K_c`` (the largest power of 4
+    keeping U below 2**30), or ``K_c·4**j`` for ``G <= limit`` (so that the roundings stay small against a
+    small variance; a non-constant row has ``V >= N - 1``, so ``X >= (N-1)/N + N·E``). U is normalised to
+    ``W = U·4**k`` in ``[2**28, 2**30)`` by four compare-free steps (``intdiv`` / ``clamp`` / ``mul`` /
+    ``add``), the reciprocal square root read from a table at ``W / 2**16``, and ``D·2**(j+k)·table``
+    (below ``N·2**15 / sqrt(K_c)``: int32) gives y; y saturates at ``y_max``, past which every output
+    saturates anyway, and the affine part uses int32 codes at one scale, as ``channel_affine``.
+
+    Error bound, in output units, before the output's rounding (``_plan``): the rsqrt is off by at most
+    ``0.75 / U_min`` (U's roundings) ``+ 2**-14`` (table index) ``+ 2**-22`` (table entries) relative,
+    times ``|y·w|`` (at most ``sqrt(N)·|w|``, and what the output range can show); plus half a step of the
+    two roundings of y and the affine codes' rounding. It must be below half an output step, else the op
+    runs in float. Every step is an IR op that each backend computes exactly as the reference.
     """
     q = x.spec
-    rank, s, zp = x.rank, q.scale[0], q.zero_point[0]
+    rank, s = x.rank, q.scale[0]
     shape = x.torch_shape
     n = int(np.prod(shape[rank - dims:]))
-    widest = max(q.qmax - zp, zp - q.qmin)
-    bound = n * n * widest * widest
-    e = n * n * eps / (s * s)
-    m = 1
-    while 4 * m * (bound + e + 1) < 2**30:
-        m *= 4
-    if m * (bound + e + 1) >= 2**30:
-        raise ctx.unsupported(f"layer_norm over {n} elements: N²·max|d|² = {bound} leaves no int32 headroom")
     full = (1,) * (rank - dims) + tuple(shape[rank - dims:])
     w = np.ones(full) if weight is None else np.asarray(weight, np.float64)
     b = np.zeros(full) if bias is None else np.asarray(bias, np.float64)
     w, b = (a if a.ndim == rank else a.reshape(full) for a in (w, b))  # rank-sized: broadcast as they are
-    span = np.sqrt(n) * float(np.abs(w).max()) + float(np.abs(b).max())
-    t2 = (span or 1.0) / 2**29
-    j, limit, u_min = _fine_scale(m, e)
-    error = _layer_norm_error(n, m, u_min, float(np.abs(w).max()), t2)
-    if error >= MAX_ERROR_STEPS * out.scale[0]:
-        raise ctx.unsupported(f"integer layer_norm would be {error / out.scale[0]:.2f} output steps from exact "
-                              f"(eps term N²·eps/s² = {e:.3g} is too small)")
+    ne = n * eps / (s * s)
+    plan = _plan(ctx, n, q.qmax - q.qmin, ne, w, b, out)
+    if plan.error >= MAX_ERROR_STEPS * out.scale[0]:
+        raise ctx.unsupported(f"integer layer_norm over {n} elements would be {plan.error / out.scale[0]:.2f} "
+                              "output steps from exact")
 
     perm = layout.identity(rank)
     axes = list(range(rank - dims, rank))
     i32 = QuantSpec.per_tensor(s, 0, DType.INT32)
     one = QuantSpec.per_tensor(1.0, 0, DType.INT32)
-    d = ctx.rescale(ctx.value_in(x, perm), i32, perm)
+
+    def plain(value: int, spec: QuantSpec = one):
+        return _plain(ctx, value, rank, spec)
+
+    def mul(a, c):
+        return ctx.emit("mul", a, c, perm=perm)
+
+    def add(a, c):
+        return ctx.emit("add", a, c, perm=perm)
+
+    def sub(a, c):
+        return ctx.emit("sub", a, c, perm=perm)
+
+    def intdiv(a, c):
+        return ctx.emit("intdiv", a, c, perm=perm)
+
+    def clamp(a, lo, hi):
+        return ctx.emit("clamp", a, perm=perm, min=lo, max=hi)
 
     def total(v):
         for axis in axes:
             v = ctx.emit("reduce_sum", v, perm=perm, axis=axis)
         return v
 
+    d = ctx.rescale(ctx.value_in(x, perm), i32, perm)
     s1 = total(d)
-    big_d = ctx.emit("sub", ctx.emit("mul", d, _plain(ctx, n, rank, one), perm=perm), s1, perm=perm)
-    s2 = total(ctx.emit("mul", d, d, perm=perm))
-    v = ctx.emit("sub", ctx.emit("mul", s2, _plain(ctx, n, rank, one), perm=perm),
-                 ctx.emit("mul", s1, s1, perm=perm), perm=perm)
-    u = ctx.emit("mul", v, _plain(ctx, m, rank, one), perm=perm)
-    u = ctx.emit("add", u, _plain(ctx, int(round(m * e)), rank, u.quant), perm=perm)
+    big_d = sub(mul(d, plain(n)), s1)
+    m0 = intdiv(s1, plain(n))
+    r = sub(s1, mul(m0, plain(n)))
+    e = sub(d, m0)
+    t = total(mul(e, e))
+    rr = mul(r, r)
+    a = intdiv(rr, plain(n))
+    frac = sub(rr, mul(a, plain(n)))           # b = r² mod N
+    g = sub(t, a)
+
+    def scaled_u(gv, k: int):                  # K·G + round(K·N·E) - floor(K·b / N)
+        u = add(mul(gv, plain(k)), plain(int(round(k * ne)), gv.quant))
+        return sub(u, intdiv(mul(frac, plain(k)), plain(n)))
+
+    u = scaled_u(g, plan.coarse)
     power = None
-    if j:  # V up to the limit: U = M·4**j·V + round(M·4**j·E), and the result's 2**j is in ``power``
-        fine = m * 4**j
-        small_u = ctx.emit("mul", ctx.emit("clamp", v, perm=perm, min=0, max=limit),
-                           _plain(ctx, fine, rank, one), perm=perm)
-        small_u = ctx.emit("add", small_u, _plain(ctx, int(round(fine * e)), rank, small_u.quant), perm=perm)
-        large = ctx.emit("clamp", ctx.emit("intdiv", v, _plain(ctx, limit + 1, rank, v.quant), perm=perm),
-                         perm=perm, min=0, max=1)
-        u = ctx.emit("add", small_u, ctx.emit("mul", ctx.emit("sub", u, small_u, perm=perm), large, perm=perm),
-                     perm=perm)
-        small = ctx.emit("sub", _plain(ctx, 1, rank, large.quant), large, perm=perm)
-        power = ctx.emit("add", ctx.emit("mul", small, _plain(ctx, 2**j - 1, rank, one), perm=perm),
-                         _plain(ctx, 1, rank, small.quant), perm=perm)
+    if plan.j:  # G up to the limit: U = K_c·4**j·X, and the result's 2**j is in ``power``
+        small_u = scaled_u(clamp(g, 0, plan.limit), plan.coarse * 4**plan.j)
+        large = clamp(intdiv(g, plain(plan.limit + 1, g.quant)), 0, 1)
+        u = add(small_u, mul(sub(u, small_u), large))
+        small = sub(plain(1, large.quant), large)
+        power = add(mul(small, plain(2**plan.j - 1)), plain(1, small.quant))
     # normalise: for step in 8, 4, 2, 1: if U < 2**(30 - 2·step): U ·= 4**step, 2**k ·= 2**step
     for step in (8, 4, 2, 1):
         limit = 2 ** (30 - 2 * step)
-        at_least = ctx.emit("clamp", ctx.emit("intdiv", u, _plain(ctx, limit, rank, u.quant), perm=perm),
-                            perm=perm, min=0, max=1)
-        below = ctx.emit("sub", _plain(ctx, 1, rank, at_least.quant), at_least, perm=perm)
-        grown = ctx.emit("mul", ctx.emit("clamp", u, perm=perm, min=0, max=limit - 1),
-                         _plain(ctx, 4**step, rank, one), perm=perm)
-        u = ctx.emit("add", u, ctx.emit("mul", ctx.emit("sub", grown, u, perm=perm), below, perm=perm), perm=perm)
-        factor = ctx.emit("add", ctx.emit("mul", below, _plain(ctx, 2**step - 1, rank, one), perm=perm),
-                          _plain(ctx, 1, rank, below.quant), perm=perm)
-        power = factor if power is None else ctx.emit("mul", power, factor, perm=perm)
-    index = ctx.emit("intdiv", u, _plain(ctx, 2**16, rank, u.quant), perm=perm)
+        at_least = clamp(intdiv(u, plain(limit, u.quant)), 0, 1)
+        below = sub(plain(1, at_least.quant), at_least)
+        grown = mul(clamp(u, 0, limit - 1), plain(4**step))
+        u = add(u, mul(sub(grown, u), below))
+        factor = add(mul(below, plain(2**step - 1)), plain(1, below.quant))
+        power = factor if power is None else mul(power, factor)
+    index = intdiv(u, plain(2**16, u.quant))
     index16 = ctx.rescale(index, QuantSpec(DType.INT16, (1.0,), (0,), 0, 2**TABLE_BITS - 1), perm)
     codes = np.arange(2**TABLE_BITS, dtype=np.float64)
     table = np.where(codes > 0, np.rint(RSQRT_ONE / np.sqrt(codes + 0.5)), 0).astype(np.int32)
-    # y = D·2**k·table·sqrt(M) / 2**38: the table's scale makes the product's scale that of y
+    # y = D·2**(j+k)·table·sqrt(K_c) / (2**38·sqrt(N)): the table's scale makes the product's scale that of y
     rsqrt = ctx.emit("table", index16, perm=perm, table=table, offset=0,
-                     out=QuantSpec.per_tensor(np.sqrt(m) / (2.0**38 * s), 0, DType.INT32))
-    scaled = ctx.emit("mul", ctx.emit("mul", big_d, power, perm=perm), rsqrt, perm=perm, shift=16)
-    y = ctx.rescale(scaled, QuantSpec.per_tensor(np.sqrt(n) / 2**15, 0, DType.INT32), perm)
+                     out=QuantSpec.per_tensor(np.sqrt(plan.coarse) / (2.0**38 * np.sqrt(n) * s), 0, DType.INT32))
+    scaled = ctx.emit("mul", mul(big_d, power), rsqrt, perm=perm, shift=plan.shift)
+    y = ctx.rescale(scaled, QuantSpec.per_tensor(plan.y_max / Y_CODES, 0, DType.INT32, -Y_CODES, Y_CODES), perm)
     # affine: y·w + b with w codes at t2 / s_y and b codes at the product's scale (about t2)
     s_y = y.quant.scale[0]
+    t2 = (plan.y_max * float(np.abs(w).max()) + float(np.abs(b).max()) or 1.0) / 2**29
     w_codes = _int32_codes(ctx, w * s_y / t2, 1.0)
     w_ref = Ref.constant(w_codes, QuantSpec.per_tensor(t2 / s_y, 0, DType.INT32))
     product = ctx.emit("mul", y, ctx.place_constant(w_ref, perm), perm=perm)
