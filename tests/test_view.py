@@ -73,7 +73,7 @@ def test_the_graph_is_the_program(model, target, tmp_path):
     reasons = {d.op.results[0].name: d.reason for d in prog.decisions}
     for op in ops:
         node = nodes[op.results[0].name]
-        assert node["label"] == op.kind
+        assert node["label"] == (op.kind if op.kind != "aten" else f"{op.attrs['target'].split('.')[1]} (float)")
         # edges: every operand an op or an input computes, in order; constants listed, not drawn
         drawn = [v for v in op.input_values() if v not in producer or producer[v][0].kind != "constant"]
         expected = [(v.name if v not in producer else producer[v][0].results[0].name,

@@ -115,7 +115,8 @@ def _op_node(op: Op, producer, placement: Placement) -> gb.GraphNode:
         inputs_meta.append(_metadata(str(k), operand))
         k += 1
     style = FLOAT_FALLBACK_STYLE if placement.float_fallback else HOST_STYLE if placement.group == HOST else None
-    return gb.GraphNode(id=result.name, label=op.kind, namespace=namespace, attrs=attrs, incomingEdges=edges,
+    label = op.kind if op.kind != "aten" else f"{str(op.attrs.get('target', 'aten')).split('.')[1:2][0]} (float)"
+    return gb.GraphNode(id=result.name, label=label, namespace=namespace, attrs=attrs, incomingEdges=edges,
                         outputsMetadata=[_metadata(str(i), r) for i, r in enumerate(op.results)],
                         inputsMetadata=inputs_meta, style=style)
 

@@ -40,11 +40,14 @@ def serve(program_path: str | os.PathLike, report: Any = None, host: str = "loca
         raise ViewError("the graph view needs Model Explorer: pip install 'qlower[view]' "
                         "(ai-edge-model-explorer)") from e
     cfg = view_config(program_path, report)
-    server._check_new_version = lambda: None   # no look-up on the internet for a newer release
+    # no look-up on the internet for a newer release: the answer "none newer" (the page asks too)
+    server._check_new_version = lambda print_msg=True: {"version": "", "runningVersion": "", "releaseUrl": "",
+                                                        "desktopAppUrl": ""}
     chosen = 8080 if port is None else int(port)
     if port is not None and server._is_port_in_use(host, chosen):
         raise ViewError(f"port {chosen} on {host} is in use: choose another with --port")
-    sys.stdout.flush()
+    if hasattr(sys.stdout, "reconfigure"):   # the URL line reaches a pipe (a script, a test) at once
+        sys.stdout.reconfigure(line_buffering=True)
     server.start(host=host, port=chosen, config=cfg, no_open_in_browser=not open_browser,
                  extensions=["qlower.view"])
 
