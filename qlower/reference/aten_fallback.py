@@ -11,7 +11,16 @@ A stored call is hostile until validated: the target must be an op of PyTorch's
 core ATen op set (``torch.Tag.core``) that is deterministic, and the arguments
 may hold only JSON scalars, lists, operand references and a few tagged torch
 enums (dtype, device, layout, memory format).
+
+Only ops a model's forward pass produces are accepted (``FORWARD_OPS``, an allow-list:
+no ``*_backward``, no ``empty*`` returning uninitialised memory, no ``as_strided``
+reading where it likes, nothing of data-dependent shape), and each op whose kernel
+trusts its arguments has a guard run on the real tensors before every call (``GUARDS``:
+index arguments within their dimension, integer division by zero or of the smallest
+integer by -1), so that no stored call can crash the process (ATen's kernels read
+out of bounds or trap on what they don't check).
 """
+
 
 from __future__ import annotations
 
@@ -19,7 +28,7 @@ import functools
 import json
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -74,6 +83,158 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise TypeError(f"tensors of dtype {dtype} can't cross into the float fallback") from None
 
 
+# -- which ops, and what is checked before each call ----------------------------------------
+
+# The core ATen ops (torch.Tag.core) a model's forward pass produces; every other op is refused
+# (their ``*_backward`` twins, ``empty``/``empty_strided``, ``as_strided``, ``nonzero``, FFTs, sym_*).
+FORWARD_OPS = frozenset("""
+    _adaptive_avg_pool2d _adaptive_avg_pool3d _cdist_forward _embedding_bag _log_softmax
+    _native_batch_norm_legit _native_batch_norm_legit_no_training _pdist_forward _softmax _to_copy
+    abs acos acosh add addmm alias amax amin any arange argmax argmin asin asinh atan atan2 atanh
+    avg_pool2d avg_pool3d bitwise_and bitwise_not bitwise_or bitwise_xor bmm cat ceil clamp clone col2im
+    constant_pad_nd convolution copy cos cosh cumsum diagonal div elu embedding eq erf exp expand expm1
+    fill flip floor fmod full full_like gather ge gelu grid_sampler_2d gt hardtanh index index_put
+    index_select isinf isnan le leaky_relu log log10 log1p log2 logical_and logical_not logical_or
+    logical_xor lt masked_scatter max max_pool2d_with_indices max_pool3d_with_indices maximum mean min
+    minimum mm mul native_group_norm native_layer_norm ne neg permute pow prod reciprocal
+    reflection_pad1d reflection_pad2d reflection_pad3d relu remainder repeat replication_pad2d
+    replication_pad3d round rsqrt scalar_tensor scatter scatter_add scatter_reduce select select_scatter
+    sigmoid sign sin sinh slice slice_scatter sort split_with_sizes sqrt squeeze sub sum tan tanh topk
+    trunc unsqueeze upsample_bilinear2d upsample_nearest2d var view where
+""".split())
+
+def _dim_size(t: Any, dim: Any) -> int | None:
+    """The size of ``t`` along ``dim`` (None when either is not what ATen would accept)."""
+    torch = _torch()
+    if not isinstance(t, torch.Tensor) or type(dim) is not int:
+        return None
+    rank = max(t.dim(), 1)
+    if not -rank <= dim < rank:
+        return None
+    return t.shape[dim % rank] if t.dim() else 1
+
+
+def _outside(index: Any, lo: int, hi: int, what: str) -> str | None:
+    """Why the integer tensor ``index`` has an element outside [lo, hi), or None."""
+    torch = _torch()
+    if not isinstance(index, torch.Tensor) or index.dtype.is_floating_point or index.dtype == torch.bool \
+            or not index.numel():
+        return None
+    small, big = int(index.min()), int(index.max())
+    if small < lo or big >= hi:
+        bad = small if small < lo else big
+        return f"{what} {bad} is outside [{lo}, {hi})"
+    return None
+
+
+def _index_along(tensor: str, dim: str | None, index: str, negative: bool = False) -> Callable:
+    """Guard: ``index`` within the size of ``tensor`` along ``dim`` (dim 0 when None)."""
+    def guard(a: dict[str, Any]) -> str | None:
+        size = _dim_size(a.get(tensor), a.get(dim) if dim else 0)
+        if size is None:
+            return None   # ATen refuses the dimension itself
+        return _outside(a.get(index), -size if negative else 0, size, f"index into dimension of size {size}:")
+    return guard
+
+
+def _index_lists(a: dict[str, Any]) -> str | None:
+    """``aten.index`` / ``index_put``: each index tensor within its dimension (negative counts from the end)."""
+    torch = _torch()
+    x, indices = a.get("self"), a.get("indices")
+    if not isinstance(x, torch.Tensor) or not isinstance(indices, (list, tuple)):
+        return None
+    for d, index in enumerate(indices[:x.dim()]):
+        if isinstance(index, torch.Tensor) and index.dtype in (torch.bool, torch.uint8):
+            if tuple(index.shape) != tuple(x.shape[d:d + index.dim()]):
+                return f"a boolean mask of shape {tuple(index.shape)} doesn't match the indexed dimensions"
+            continue
+        problem = _outside(index, -x.shape[d], x.shape[d], f"index into dimension {d} of size {x.shape[d]}:")
+        if problem:
+            return problem
+    return None
+
+
+def _embedding_bag(a: dict[str, Any]) -> str | None:
+    torch = _torch()
+    weight, indices, offsets = a.get("weight"), a.get("indices"), a.get("offsets")
+    if not all(isinstance(t, torch.Tensor) for t in (weight, indices, offsets)) or weight.dim() < 1:
+        return None
+    problem = _outside(indices, 0, weight.shape[0], f"index into {weight.shape[0]} embeddings:")
+    if problem or not offsets.numel():
+        return problem
+    problem = _outside(offsets, 0, indices.numel() + 1, f"offset into {indices.numel()} indices:")
+    if problem is None and offsets.dim() == 1 and offsets.numel() > 1 and bool((offsets[1:] < offsets[:-1]).any()):
+        problem = "offsets decrease"
+    return problem
+
+
+def _masked_scatter(a: dict[str, Any]) -> str | None:
+    torch = _torch()
+    mask, source = a.get("mask"), a.get("source")
+    if isinstance(mask, torch.Tensor) and isinstance(source, torch.Tensor) and \
+            int(mask.to(torch.bool).sum()) > source.numel():
+        return f"the mask selects more elements than the source's {source.numel()}"
+    return None
+
+
+def _integer_division(a: dict[str, Any]) -> str | None:
+    """Integer div (with a rounding mode), remainder, fmod: no division by zero, and not the
+    dtype's smallest value by -1 (its quotient doesn't exist: the CPU traps)."""
+    torch = _torch()
+    x, y = a.get("self"), a.get("other")
+    if x is None or y is None or (a.get("rounding_mode", "none") is None):
+        return None   # true division (a float result)
+    try:
+        dtype = torch.result_type(x, y)
+    except (TypeError, RuntimeError):
+        return None
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return None
+    ys = y if isinstance(y, torch.Tensor) else torch.tensor(y)
+    if bool((ys == 0).any()):
+        return "integer division by zero"
+    if not bool((ys == -1).any()):
+        return None
+    xs = x if isinstance(x, torch.Tensor) else torch.tensor(x)
+    smallest = torch.iinfo(dtype).min
+    if isinstance(y, torch.Tensor) and isinstance(x, torch.Tensor):
+        hit = bool(((xs == smallest) & (ys == -1)).any())
+    else:
+        hit = bool((xs == smallest).any())
+    return f"integer division of {smallest} by -1 (the quotient overflows {dtype})" if hit else None
+
+
+# op name -> what is checked on the real tensors before every call (names are the schema's)
+GUARDS: dict[str, Callable[[dict[str, Any]], str | None]] = {
+    "gather": _index_along("self", "dim", "index"),
+    "index_select": _index_along("self", "dim", "index"),
+    "scatter": _index_along("self", "dim", "index"),
+    "scatter_add": _index_along("self", "dim", "index"),
+    "scatter_reduce": _index_along("self", "dim", "index"),
+    "embedding": _index_along("weight", None, "indices"),
+    "index": _index_lists,
+    "index_put": _index_lists,
+    "_embedding_bag": _embedding_bag,
+    "masked_scatter": _masked_scatter,
+    "div": _integer_division,
+    "remainder": _integer_division,
+    "fmod": _integer_division,
+}
+
+
+def _bind(fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A call's arguments by the names of the op's schema."""
+    bound = dict(zip((a.name for a in fn._schema.arguments), args))
+    bound.update(kwargs)
+    return bound
+
+
+def guard_problem(target: str, fn: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> str | None:
+    """Why this call (real tensors) must not reach ATen, or None."""
+    guard = GUARDS.get(target.split(".")[1])
+    return guard(_bind(fn, args, kwargs)) if guard is not None else None
+
+
 @functools.lru_cache(maxsize=512)
 def resolve(target: str) -> torch._ops.OpOverload:
     """The OpOverload named ``aten.NAME.OVERLOAD``; only deterministic core ATen ops are accepted."""
@@ -92,6 +253,10 @@ def resolve(target: str) -> torch._ops.OpOverload:
         raise InvalidProgramError(f"float fallback target {target!r} writes into its arguments")
     if torch.Tag.nondeterministic_seeded in overload.tags:
         raise InvalidProgramError(f"float fallback target {target!r} is random; it can't define a result")
+    if m.group(1) not in FORWARD_OPS:
+        raise InvalidProgramError(f"float fallback target {target!r} is not an op of a model's forward pass "
+                                  "(backward ops, uninitialised memory, raw strides and data-dependent shapes "
+                                  "are refused)")
     return overload
 
 
@@ -168,12 +333,20 @@ def _dec(x: Any, tensors: Sequence[torch.Tensor], depth: int) -> Any:
     raise InvalidProgramError(f"float fallback argument {str(x)[:60]} has an unknown tag or a bad value")
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise ValueError(f"duplicate key in a JSON object ({len(pairs) - len(d)} repeated)")
+    return d
+
+
 def decode_call(text: str, tensors: Sequence[torch.Tensor]) -> tuple[list, dict]:
     if not isinstance(text, str) or len(text) > MAX_ARGS_CHARS:
         raise InvalidProgramError(f"float fallback arguments must be a JSON string of at most {MAX_ARGS_CHARS} "
                                   "characters")
     try:
-        d = json.loads(text, parse_constant=lambda c: c)  # 'NaN'/'Infinity' stay strings and are rejected
+        d = json.loads(text, parse_constant=lambda c: c,  # 'NaN'/'Infinity' stay strings and are rejected
+                       object_pairs_hook=_unique_keys)
     except (ValueError, RecursionError) as e:
         raise InvalidProgramError(f"float fallback arguments are not valid JSON: {str(e)[:80]}") from None
     if type(d) is not dict or set(d) != {"args", "kwargs"} or type(d["args"]) is not list \
@@ -217,8 +390,14 @@ def call(op: Op, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
     fn = resolve(op.attrs["target"])
     tensors = [x.to(_tables()[0][d]) for x, d in zip(inputs, op.attrs["in_dtypes"])]
     args, kwargs = decode_call(op.attrs["args"], tensors)
-    with torch.no_grad():
-        out = fn(*args, **kwargs)
+    problem = guard_problem(op.attrs["target"], fn, args, kwargs)
+    if problem is not None:
+        raise ValueError(f"{op.attrs['target']} refused before the call: {problem}")
+    try:
+        with torch.no_grad():
+            out = fn(*args, **kwargs)
+    except (RuntimeError, IndexError, TypeError) as e:   # what ATen raises on arguments it checks
+        raise ValueError(f"{op.attrs['target']}: {type(e).__name__}: {str(e)[:200]}") from None
     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     types = op.attrs["out_types"]
     if len(outs) != len(types) or not all(isinstance(o, torch.Tensor) for o in outs):
