@@ -185,8 +185,9 @@ def prepare(gm: GraphModule, quant: QuantConfig, batches: list[tuple], fast_path
     from qlower.frontend.quantizer import QlowerQuantizer
 
     fold_constant_subgraphs(gm)  # computed weights become weights (constant_fold.py; export_module did it already)
-    if fast_paths:
+    if fast_paths or quant.rewrites_weights:
         fold_batch_norms(gm)  # before prepare_pt2e, whose own fold is slow and can be wrong (batch_norm_fold.py)
+    rewrite_weights(gm, quant, batches)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         quantizer = QlowerQuantizer(quant, observe_weights_once=fast_paths)
@@ -195,6 +196,21 @@ def prepare(gm: GraphModule, quant: QuantConfig, batches: list[tuple], fast_path
     if quant.fallback == "error":
         _reject_unfolded_batch_norm(prepared)
     return prepared
+
+
+def rewrite_weights(gm: GraphModule, quant: QuantConfig, batches: list[tuple]) -> None:
+    """The float graph's weight rewrites a QuantConfig asks for, in place, BatchNorms folded first:
+    equalization and SmoothQuant (function unchanged), then bias correction of what remains."""
+    from qlower.frontend.bias_correction import correct_biases
+    from qlower.frontend.equalization import equalize
+    from qlower.frontend.smoothquant import smooth
+
+    if quant.equalize:
+        equalize(gm)
+    if quant.smooth is not None:
+        smooth(gm, batches, quant.smooth)
+    if quant.bias_correction:
+        correct_biases(gm, batches, quant)
 
 
 def _graph_copy(gm: GraphModule) -> GraphModule:

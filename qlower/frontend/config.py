@@ -12,6 +12,8 @@ from qlower.errors import ConfigError
 
 FixedQParams = tuple[float, int, int, int]  # scale, zero_point, qmin, qmax
 ACT_DTYPES = ("int8", "int16")
+OBSERVERS = ("minmax", "histogram", "percentile", "mse")  # activation range setting (frontend/observers.py)
+WEIGHT_OBSERVERS = ("minmax", "mse")
 INT16_ACT_RANGE = (-32768, 32767)  # symmetric (zero point 0) over the whole dtype: no saturation clamps
 
 
@@ -56,6 +58,19 @@ class QuantConfig:
     named module wins) over ``act_dtype``. ``auto_int16=K``: ``compile`` first
     measures each layer's int8 sensitivity on the calibration data
     (``qlower.sensitivity``) and adds the K most sensitive to ``layer_dtypes`` as int16.
+
+    Range setting (static activations; frontend/observers.py): ``observer="minmax"`` (the
+    calibration data's extremes), ``"histogram"`` (torchao's HistogramObserver, the peers'
+    default), ``"percentile"`` (clip at the ``percentile``-th percentile of each tail) or
+    ``"mse"`` (the clip that minimises the quantization error of the calibration data).
+    ``weight_observer="mse"`` clips weights (per channel or per tensor) where their own
+    quantization error is least; ``"minmax"`` keeps their extremes.
+    ``equalize=True`` rescales consecutive conv / linear channels (through ReLU / ReLU6 and
+    folded BatchNorms) so their weight ranges match, the float function unchanged
+    (frontend/equalization.py); ``bias_correction=True`` removes from each conv / linear bias
+    the mean output shift its weight quantization causes on the calibration data
+    (frontend/bias_correction.py); ``smooth=alpha`` (SmoothQuant, in [0, 1]) moves activation
+    outliers of a LayerNorm's output into the linear layers reading it (frontend/smoothquant.py).
     """
 
     mode: Literal["static", "dynamic"] = "static"
@@ -71,15 +86,22 @@ class QuantConfig:
     act_dtype: Literal["int8", "int16"] = "int8"
     layer_dtypes: dict[str, Literal["int8", "int16"]] = field(default_factory=dict)
     auto_int16: int = 0
+    observer: Literal["minmax", "histogram", "percentile", "mse"] = "minmax"
+    percentile: float = 99.99
+    weight_observer: Literal["minmax", "mse"] = "minmax"
+    equalize: bool = False
+    bias_correction: bool = False
+    smooth: float | None = None
 
     def __post_init__(self) -> None:
         choices = {"mode": ("static", "dynamic"), "fallback": ("float", "error"),
-                   "granularity": ("per_tensor", "per_row"), "act_dtype": ACT_DTYPES}
+                   "granularity": ("per_tensor", "per_row"), "act_dtype": ACT_DTYPES, "observer": OBSERVERS,
+                   "weight_observer": WEIGHT_OBSERVERS}
         for name, accepted in choices.items():
             if getattr(self, name) not in accepted:
                 raise ConfigError(f"QuantConfig.{name} must be one of {', '.join(map(repr, accepted))}, "
                                   f"got {getattr(self, name)!r}")
-        for name in ("per_channel", "symmetric_acts"):
+        for name in ("per_channel", "symmetric_acts", "equalize", "bias_correction"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"QuantConfig.{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("act_qmin", "act_qmax", "weight_qmin", "weight_qmax"):
@@ -108,6 +130,17 @@ class QuantConfig:
         if not _is_int(self.auto_int16) or self.auto_int16 < 0:
             raise ConfigError(f"QuantConfig.auto_int16 is how many layers to promote to int16, an integer >= 0; "
                               f"got {self.auto_int16!r}")
+        if isinstance(self.percentile, bool) or not isinstance(self.percentile, (int, float, np.integer, np.floating)) \
+                or not 50 < self.percentile <= 100:
+            raise ConfigError(f"QuantConfig.percentile is the percentile of each tail to clip at, a number in "
+                              f"(50, 100]; got {self.percentile!r}")
+        if self.smooth is not None and (isinstance(self.smooth, bool) or not isinstance(
+                self.smooth, (int, float, np.integer, np.floating)) or not 0 <= self.smooth <= 1):
+            raise ConfigError(f"QuantConfig.smooth is SmoothQuant's migration strength alpha, a number in [0, 1] "
+                              f"(or None: off); got {self.smooth!r}")
+        if self.mode == "dynamic" and self.observer != "minmax":
+            raise ConfigError(f"QuantConfig.observer={self.observer!r} sets ranges from calibration data: it needs "
+                              "mode='static' (dynamic mode takes each activation's range at run time)")
         if self.mode == "dynamic" and (self.act_dtype != "int8" or self.layer_dtypes or self.auto_int16):
             raise ConfigError("int16 activations are static: act_dtype, layer_dtypes and auto_int16 need mode='static'")
 
@@ -121,4 +154,11 @@ class QuantConfig:
     def __hash__(self) -> int:
         return hash((self.mode, self.per_channel, self.act_qmin, self.act_qmax, self.symmetric_acts,
                      self.weight_qmin, self.weight_qmax, self.granularity, tuple(sorted(self.fixed.items())), self.fallback,
-                     self.act_dtype, tuple(sorted(self.layer_dtypes.items())), self.auto_int16))
+                     self.act_dtype, tuple(sorted(self.layer_dtypes.items())), self.auto_int16, self.observer,
+                     self.percentile, self.weight_observer, self.equalize, self.bias_correction, self.smooth))
+
+    @property
+    def rewrites_weights(self) -> bool:
+        """Whether the float graph's weights are rewritten before quantization (equalize, smooth,
+        bias_correction): these need the BatchNorms folded first."""
+        return self.equalize or self.bias_correction or self.smooth is not None

@@ -62,6 +62,12 @@ from qlower.errors import InputError
 from qlower.frontend.channel_affine import replace_unfolded_batch_norm
 from qlower.frontend.config import INT16_ACT_RANGE, FixedQParams, QuantConfig
 from qlower.frontend.constants import written_nodes
+from qlower.frontend.observers import (
+    PerChannelWeightMSEObserver,
+    WeightMSEObserver,
+    activation_observer,
+    weight_observer,
+)
 from qlower.frontend.source import module_paths
 
 aten = torch.ops.aten
@@ -186,8 +192,17 @@ class OncePerChannelMinMaxObserver(_ObserveOnce, PerChannelMinMaxObserver):
     pass
 
 
+class OnceWeightMSEObserver(_ObserveOnce, WeightMSEObserver):
+    pass
+
+
+class OncePerChannelWeightMSEObserver(_ObserveOnce, PerChannelWeightMSEObserver):
+    pass
+
+
 def _observe_once(spec: QuantizationSpec) -> QuantizationSpec:
-    ctr = {MinMaxObserver: OnceMinMaxObserver, PerChannelMinMaxObserver: OncePerChannelMinMaxObserver}
+    ctr = {MinMaxObserver: OnceMinMaxObserver, PerChannelMinMaxObserver: OncePerChannelMinMaxObserver,
+           WeightMSEObserver: OnceWeightMSEObserver, PerChannelWeightMSEObserver: OncePerChannelWeightMSEObserver}
     return replace(spec, observer_or_fake_quant_ctr=ctr[spec.observer_or_fake_quant_ctr])
 
 
@@ -212,26 +227,28 @@ class QlowerQuantizer(Quantizer):
         self.config = c = config
         self.observe_weights_once = observe_weights_once
         self._written: set[Node] = set()  # nodes ops write in place, found when annotating
+        act_observer = activation_observer(c.observer, c.percentile)  # observers.py: range setting
+        w_observer = weight_observer(c.weight_observer, c.per_channel)
         self.act = QuantizationSpec(
             dtype=torch.int8, quant_min=c.act_qmin, quant_max=c.act_qmax,
             qscheme=torch.per_tensor_symmetric if c.symmetric_acts else torch.per_tensor_affine,
-            observer_or_fake_quant_ctr=MinMaxObserver)
+            observer_or_fake_quant_ctr=act_observer)
         if c.per_channel:
             self.weight = QuantizationSpec(
                 dtype=torch.int8, quant_min=c.weight_qmin, quant_max=c.weight_qmax,
-                qscheme=torch.per_channel_symmetric, ch_axis=0, observer_or_fake_quant_ctr=PerChannelMinMaxObserver)
+                qscheme=torch.per_channel_symmetric, ch_axis=0, observer_or_fake_quant_ctr=w_observer)
         else:
             self.weight = QuantizationSpec(
                 dtype=torch.int8, quant_min=c.weight_qmin, quant_max=c.weight_qmax,
-                qscheme=torch.per_tensor_symmetric, observer_or_fake_quant_ctr=MinMaxObserver)
+                qscheme=torch.per_tensor_symmetric, observer_or_fake_quant_ctr=w_observer)
         self.weight_axis1 = self.weight
         if c.per_channel:
             self.weight_axis1 = QuantizationSpec(
                 dtype=torch.int8, quant_min=c.weight_qmin, quant_max=c.weight_qmax,
-                qscheme=torch.per_channel_symmetric, ch_axis=1, observer_or_fake_quant_ctr=PerChannelMinMaxObserver)
+                qscheme=torch.per_channel_symmetric, ch_axis=1, observer_or_fake_quant_ctr=w_observer)
         self.act16 = QuantizationSpec(
             dtype=torch.int16, quant_min=INT16_ACT_RANGE[0], quant_max=INT16_ACT_RANGE[1],
-            qscheme=torch.per_tensor_symmetric, observer_or_fake_quant_ctr=MinMaxObserver)
+            qscheme=torch.per_tensor_symmetric, observer_or_fake_quant_ctr=act_observer)
         self.dyn_qmax = c.act_qmax
         self._node_overrides: dict[Node, FixedQParams] = {}
         self._edge_overrides: dict[tuple[Node, Node], FixedQParams] = {}

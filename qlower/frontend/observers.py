@@ -1,0 +1,182 @@
+"""Range setting: which clip of the calibration data (activations) or of a weight each quantization keeps.
+
+Activations (``QuantConfig.observer``), all per tensor:
+- ``"minmax"``: torchao's MinMaxObserver, the extremes seen;
+- ``"histogram"``: torchao's HistogramObserver, as the peers' quantizers use it (a 2048-bin
+  running histogram, then its greedy search for the range of least L2 error);
+- ``"percentile"``: the same running histogram, clipped at the ``percentile``-th percentile of
+  each tail (the lower tail only where the data is negative);
+- ``"mse"``: the same running histogram; the clip ``[a * min, b * max]`` (symmetric: ``c * max|x|``)
+  of least expected squared quantization error over a grid of ``a, b``. Each bin's values are
+  spread over its width: a clip inside a bin is charged the rounding error of the values beside it.
+
+Weights (``QuantConfig.weight_observer``), symmetric per channel or per tensor:
+``"minmax"`` keeps max|w|; ``"mse"`` picks, per channel, the clip ``c * max|w|`` (``c`` on a grid in
+[0.5, 1]) whose quantization of the weight itself has the least squared error.
+
+Every search is a fixed grid over fixed data: the same calibration gives the same scales.
+"""
+
+from __future__ import annotations
+
+import torch
+from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
+
+ACT_GRID = torch.linspace(0.05, 1.0, 39)  # clip fractions of each extreme tried by "mse" (1.0: min/max)
+WEIGHT_GRID = torch.linspace(0.5, 1.0, 51)
+SUBBINS = 4  # each histogram bin's values spread over this many points when charging errors
+
+
+class _HistogramRange(HistogramObserver):
+    """torchao's running histogram; subclasses choose the range from it (``_clip``) instead of
+    HistogramObserver's search."""
+
+    def calculate_qparams(self):
+        if self.min_val == float("inf") or not bool(self.histogram.sum() > 0):
+            return super().calculate_qparams()  # never observed: torchao's default (and its warning)
+        lo, hi = self._clip()
+        return self._calculate_qparams(torch.as_tensor(lo, dtype=torch.float32),
+                                       torch.as_tensor(hi, dtype=torch.float32))
+
+    def _centres(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Points standing for the histogram's values (``SUBBINS`` per bin) and their weights."""
+        lo, hi = float(self.min_val), float(self.max_val)
+        width = (hi - lo) / self.bins
+        offsets = (torch.arange(SUBBINS, dtype=torch.float64) + 0.5) / SUBBINS
+        points = lo + (torch.arange(self.bins, dtype=torch.float64)[:, None] + offsets) * width
+        weights = self.histogram.to(torch.float64)[:, None].expand(-1, SUBBINS) / SUBBINS
+        return points.reshape(-1), weights.reshape(-1)
+
+    def _clip(self) -> tuple[float, float]:
+        raise NotImplementedError
+
+
+class PercentileObserver(_HistogramRange):
+    """Clips each tail at ``percentile`` (e.g. 99.99: the extreme 0.01% of values saturate)."""
+
+    def __init__(self, percentile: float = 99.99, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.percentile = float(percentile)
+
+    def _clip(self) -> tuple[float, float]:
+        lo, hi = float(self.min_val), float(self.max_val)
+        cdf = torch.cumsum(self.histogram.to(torch.float64), 0)
+        total = float(cdf[-1])
+        tail = total * (100.0 - self.percentile) / 100.0
+        edges = torch.linspace(lo, hi, self.bins + 1, dtype=torch.float64)
+        # the upper clip: the right edge of the first bin whose cumulative count leaves at most `tail` above
+        upper = int(torch.searchsorted(cdf, torch.tensor(total - tail, dtype=torch.float64)))
+        lower = int(torch.searchsorted(cdf, torch.tensor(tail, dtype=torch.float64), right=True))
+        clip_hi = max(float(edges[min(upper + 1, self.bins)]), 0.0)
+        clip_lo = min(float(edges[lower]), 0.0) if lo < 0 else lo
+        return clip_lo, clip_hi
+
+
+class MSEObserver(_HistogramRange):
+    """The clip of least expected squared quantization error over the histogram's values."""
+
+    def _clip(self) -> tuple[float, float]:
+        points, weights = self._centres()
+        lo, hi = min(float(self.min_val), 0.0), max(float(self.max_val), 0.0)
+        qmin, qmax = self.quant_min, self.quant_max
+        grid = ACT_GRID.to(torch.float64)
+        if self.qscheme in (torch.per_tensor_symmetric, torch.per_channel_symmetric):
+            top = max(-lo, hi) * grid  # [G]
+            scale = top / ((qmax - qmin) / 2)
+            zero = torch.zeros_like(scale)
+            candidates = [(-t, t) for t in top.tolist()]
+        else:
+            a, b = torch.meshgrid(lo * grid, hi * grid, indexing="ij")
+            a, b = a.reshape(-1), b.reshape(-1)
+            scale = (b - a) / (qmax - qmin)
+            zero = torch.clamp(qmin - torch.round(a / scale.clamp_min(1e-30)), qmin, qmax)
+            candidates = list(zip(a.tolist(), b.tolist(), strict=True))
+        scale = scale.clamp_min(float(self.eps))
+        errors = torch.empty(len(candidates), dtype=torch.float64)
+        for start in range(0, len(candidates), 64):  # [64, points] at a time: bounded memory
+            s, z = scale[start:start + 64, None], zero[start:start + 64, None]
+            q = torch.clamp(torch.round(points / s) + z, qmin, qmax)
+            errors[start:start + 64] = (((q - z) * s - points) ** 2 * weights).sum(1)
+        best = int(torch.argmin(errors))  # the first of equal errors: the widest on the grid's order
+        return candidates[best]
+
+
+def _weight_mse_clip(w: torch.Tensor, axis: int | None, qmin: int, qmax: int) -> torch.Tensor:
+    """Per channel of ``axis`` (or per tensor when None): the clip ``c * max|w|`` of least squared error."""
+    rows = w.detach().to(torch.float64)
+    rows = rows.reshape(1, -1) if axis is None else rows.movedim(axis, 0).reshape(rows.shape[axis], -1)
+    top = rows.abs().amax(1)
+    best_err = torch.full_like(top, float("inf"))
+    best = top.clone()
+    half = (qmax - qmin) / 2
+    for c in WEIGHT_GRID.to(torch.float64).flip(0).tolist():  # from 1.0 down: ties keep the wider clip
+        clip = top * c
+        s = (clip / half).clamp_min(1e-30)[:, None]
+        err = ((torch.clamp(torch.round(rows / s), qmin, qmax) * s - rows) ** 2).sum(1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best = torch.where(better, clip, best)
+    return best.to(torch.float32)
+
+
+class WeightMSEObserver(MinMaxObserver):
+    """Symmetric per-tensor weight clip of least squared error (over the last tensor observed)."""
+
+    def forward(self, x):
+        self._last = x.detach()
+        return super().forward(x)
+
+    def calculate_qparams(self):
+        if getattr(self, "_last", None) is None:
+            return super().calculate_qparams()
+        clip = _weight_mse_clip(self._last, None, self.quant_min, self.quant_max)[0]
+        return self._calculate_qparams(-clip, clip)
+
+
+class PerChannelWeightMSEObserver(PerChannelMinMaxObserver):
+    """Symmetric per-channel weight clips of least squared error (over the last tensor observed)."""
+
+    def forward(self, x):
+        self._last = x.detach()
+        return super().forward(x)
+
+    def calculate_qparams(self):
+        if getattr(self, "_last", None) is None:
+            return super().calculate_qparams()
+        clip = _weight_mse_clip(self._last, self.ch_axis, self.quant_min, self.quant_max)
+        return self._calculate_qparams(-clip, clip)
+
+
+def activation_observer(observer: str, percentile: float = 99.99):
+    """The observer constructor (with its arguments) for ``QuantConfig.observer``."""
+    if observer == "minmax":
+        return MinMaxObserver
+    if observer == "histogram":
+        return HistogramObserver
+    if observer == "percentile":
+        return PercentileObserver.with_args(percentile=percentile)
+    if observer == "mse":
+        return MSEObserver
+    raise ValueError(f"unknown activation observer {observer!r}")
+
+
+def weight_observer(observer: str, per_channel: bool):
+    """The weight observer class for ``QuantConfig.weight_observer``."""
+    if observer == "mse":
+        return PerChannelWeightMSEObserver if per_channel else WeightMSEObserver
+    return PerChannelMinMaxObserver if per_channel else MinMaxObserver
+
+
+def fake_quantize_weight(w: torch.Tensor, observer_ctr, axis: int | None, qmin: int, qmax: int) -> torch.Tensor:
+    """``w`` quantized and dequantized as the observer ``observer_ctr`` (per channel of ``axis``, or
+    per tensor) quantizes it: what bias correction compares the float weight with."""
+    kwargs = dict(dtype=torch.int8, quant_min=qmin, quant_max=qmax)
+    if axis is None:
+        obs = observer_ctr(qscheme=torch.per_tensor_symmetric, **kwargs)
+    else:
+        obs = observer_ctr(qscheme=torch.per_channel_symmetric, ch_axis=axis, **kwargs)
+    obs(w)
+    scale, zero = obs.calculate_qparams()
+    if axis is None:
+        return torch.fake_quantize_per_tensor_affine(w, float(scale), int(zero), qmin, qmax)
+    return torch.fake_quantize_per_channel_affine(w, scale.float(), zero.int(), axis, qmin, qmax)

@@ -1,0 +1,98 @@
+"""SmoothQuant (Xiao et al. 2023): move activation outliers into the weights of the linear layers.
+
+A transformer's LayerNorm output often has a few channels far wider than the rest; one
+per-tensor int8 scale must cover them, and every other channel loses resolution. Dividing
+channel ``j`` of the LayerNorm's affine (weight and bias) by ``s_j`` and multiplying column ``j``
+of every linear reading it by ``s_j`` leaves the float function unchanged (up to float
+rounding) and narrows the activation; with
+``s_j = max|X_j| ** alpha / max|W_j| ** (1 - alpha)`` (``max|X_j|`` over the calibration data,
+``max|W_j|`` over the readers' column ``j``), ``alpha`` sets how much of the difficulty moves
+to the weights (0.5 in the paper).
+
+Smoothed: each LayerNorm with an affine it alone reads whose normalised result is read only by
+linear layers with constant weights they own (a pre-norm block's qkv and first MLP layer). A
+matmul of two activations has no weight to absorb the scale and is left alone.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections import Counter
+
+import torch
+from torch.fx import GraphModule, Interpreter, Node
+
+from qlower.frontend.constants import attribute_tensor
+
+aten = torch.ops.aten
+
+
+def _candidates(gm: GraphModule) -> dict[Node, tuple[Node, list[Node]]]:
+    """LayerNorm result (getitem 0) -> (the LayerNorm, the linear layers reading it)."""
+    uses = Counter(n.target for n in gm.graph.nodes if n.op == "get_attr")
+
+    def owned(p: object) -> bool:
+        return isinstance(p, Node) and p.op == "get_attr" and uses[p.target] == 1 and len(p.users) == 1
+
+    found = {}
+    for norm in gm.graph.nodes:
+        if norm.op != "call_function" or norm.target != aten.native_layer_norm.default:
+            continue
+        if len(norm.args) < 4 or not owned(norm.args[2]) or not owned(norm.args[3]) or len(norm.args[1]) != 1:
+            continue
+        results = [u for u in norm.users if u.target is operator.getitem and u.args[1] == 0]
+        if len(results) != 1 or not results[0].users:
+            continue
+        out = results[0]
+        readers = list(out.users)
+        if all(r.op == "call_function" and r.target == aten.linear.default and r.args[0] is out
+               and owned(r.args[1]) for r in readers):
+            found[out] = (norm, readers)
+    return found
+
+
+class _ChannelMax(Interpreter):
+    def __init__(self, gm: GraphModule, watched: set[Node]) -> None:
+        super().__init__(gm)
+        self.watched = watched
+        self.amax: dict[Node, torch.Tensor] = {}
+
+    def run_node(self, n: Node):
+        out = super().run_node(n)
+        if n in self.watched:
+            m = out.detach().abs().reshape(-1, out.shape[-1]).amax(0).to(torch.float64)
+            self.amax[n] = torch.maximum(self.amax[n], m) if n in self.amax else m
+        return out
+
+
+def _set(gm: GraphModule, target: str, value: torch.Tensor) -> None:
+    owner, _, name = target.rpartition(".")
+    old = getattr(gm.get_submodule(owner), name)
+    new = value.to(old.dtype)
+    setattr(gm.get_submodule(owner), name,
+            torch.nn.Parameter(new, requires_grad=False) if isinstance(old, torch.nn.Parameter) else new)
+
+
+def smooth(gm: GraphModule, batches: list[tuple], alpha: float) -> int:
+    """Smooth, in place, every LayerNorm -> linear group described above; returns how many."""
+    found = _candidates(gm)
+    if not found or not batches:
+        return 0
+    stats = _ChannelMax(gm, set(found))
+    with torch.no_grad():
+        for batch in batches:
+            stats.run(*batch)
+    for out, (norm, readers) in found.items():
+        x_max = stats.amax.get(out)
+        if x_max is None:
+            continue
+        w_max = torch.stack([attribute_tensor(gm, r.args[1]).detach().abs().amax(0).to(torch.float64)
+                             for r in readers]).amax(0)
+        s = x_max.clamp_min(1e-12) ** alpha / w_max.clamp_min(1e-12) ** (1 - alpha)
+        s = torch.where((x_max > 0) & (w_max > 0), s, torch.ones_like(s)).clamp(1e-4, 1e4)
+        for p in norm.args[2:4]:
+            _set(gm, p.target, attribute_tensor(gm, p).detach().to(torch.float64) / s)
+        for r in readers:
+            _set(gm, r.args[1].target, attribute_tensor(gm, r.args[1]).detach().to(torch.float64) * s)
+    gm.recompile()
+    return len(found)
