@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import types
 import typing
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,8 +61,17 @@ def _matches(value: Any, a: Any) -> bool:
     return isinstance(a, type) and isinstance(value, a)
 
 
+def _control_characters(value: Any) -> bool:
+    return isinstance(value, str) and any(unicodedata.category(c) in ("Cc", "Cf", "Cs") for c in value)
+
+
 def check_value(target: str, name: str, value: Any, annotation: Any) -> Any:
-    """``value`` if it is of ``annotation``; a ConfigError otherwise."""
+    """``value`` if it is of ``annotation``; a ConfigError otherwise. No option's text holds a
+    control character (a backend may write it into a compiler's configuration text, where a
+    newline would start a line of the user's choosing)."""
+    if _control_characters(value):
+        raise ConfigError(f"target {target!r} option {name}={value!r}: an option's text may not hold control "
+                          "characters")
     if any(_matches(value, a) for a in _alternatives(annotation)):
         return value
     raise ConfigError(f"target {target!r} option {name}={value!r} ({type(value).__name__}): "
@@ -88,6 +98,9 @@ def _parsed(text: str, a: Any) -> tuple[bool, Any]:
 
 def parse_value(target: str, name: str, text: str, annotation: Any) -> Any:
     """The option's text (from the command line) as a value of ``annotation``."""
+    if _control_characters(text):
+        raise ConfigError(f"target {target!r} option {name}={text!r}: an option's text may not hold control "
+                          "characters")
     for a in _alternatives(annotation):
         ok, value = _parsed(text, a)
         if ok:
@@ -107,3 +120,9 @@ def check_options(target: str, backend_cls: type, options: Mapping[str, Any], fr
     if from_text:
         return {k: parse_value(target, k, str(v), known[k]) for k, v in options.items()}
     return {k: check_value(target, k, v, known[k]) for k, v in options.items()}
+
+
+def check_arguments(target: str, backend_cls: type, **values: Any) -> None:
+    """A backend constructor's own check of its arguments (it may be built directly, not only
+    through ``compile``'s ``backend_options``): each against its annotation, as ``check_options``."""
+    check_options(target, backend_cls, values)

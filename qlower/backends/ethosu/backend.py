@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from qlower.backends.ethosu.channels import ChannelWidening, cheaper_widths, narrowed_tensors, unpad_traced, widen
 from qlower.backends.ethosu.cost import cost_problem, vela_cost
+from qlower.backends.ethosu.derive import derived_problem
 from qlower.backends.ethosu.means import MeanForms, PoolLimit, pool_is_cheaper
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
 from qlower.backends.ethosu.tables import InterpolatedTables, cheaper
@@ -30,10 +31,11 @@ from qlower.backends.ethosu.vela import (
     IOTensor,
     VelaConfig,
     VelaDroppedIO,
-    compile_tosa,
+    compile_cached,
     total_cycles,
     vela_config,
 )
+from qlower.backends.options import check_arguments
 from qlower.backends.tosa.backend import GRAPH_BLOB, TosaBackend
 from qlower.backends.tosa.consumer import TosaConsumer, simulated
 from qlower.contract import CostReport, HostGraphExporter, Payload, Verdict
@@ -229,8 +231,10 @@ class EthosUBackend(TosaConsumer):
         return super().check_meta(payload) or cost_problem(payload)
 
     def __init__(self, system_config: str | None = None, memory_mode: str | None = None,
-                 per_layer: bool = True, optimise: str = "Performance", trace: bool = False,
+                 per_layer: bool = True, optimise: Literal["Performance", "Size"] = "Performance", trace: bool = False,
                  widen_channels: bool = True) -> None:
+        check_arguments("ethos-u", type(self), system_config=system_config, memory_mode=memory_mode,
+                        per_layer=per_layer, optimise=optimise, trace=trace, widen_channels=widen_channels)
         self.system_config, self.memory_mode = system_config, memory_mode
         self.per_layer, self.optimise, self.trace = per_layer, optimise, trace
         self.widen_channels = widen_channels
@@ -296,7 +300,7 @@ class EthosUBackend(TosaConsumer):
                    + [{"kind": "output", "value": v.name, **io.as_meta()}
                       for io, v in zip(result.outputs, subgraph.outputs)]),
             "perf": result.perf, "execution": EXECUTION, "vela_seconds": round(result.seconds, 4),
-            "widened": widths, "narrowed": narrowed,
+            "widened": widths, "narrowed": narrowed, "optimise": self.optimise,
         }
         # the total is what the device spends: NPU work plus the time it waits on memory
         total, npu = result.perf["total_cycles"], result.perf["npu_cycles"]
@@ -317,8 +321,8 @@ class EthosUBackend(TosaConsumer):
                          in_types, out_types, meta)
 
     def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
-        """The partition as ``lower`` compiled it: widened as its metadata says (validated), then
-        the TOSA graph and blobs as every TOSA consumer checks them."""
+        """The partition as ``lower`` compiled it: widened as its metadata says (validated), the
+        TOSA graph as every TOSA consumer checks it, and Vela's files compiled again from it."""
         widths = payload.meta.get("widened", {})
         try:
             if not isinstance(widths, dict):
@@ -328,7 +332,8 @@ class EthosUBackend(TosaConsumer):
             return f"its widened channels don't fit its subgraph: {e}"
         if payload.meta.get("narrowed", {}) != narrowed_tensors(subgraph, widths):
             return "its narrowed tensors are not those of its widened channels"
-        return super().check_loaded(wide, payload)
+        # then every byte Vela wrote derived again from the validated TOSA graph (derive.py)
+        return super().check_loaded(wide, payload) or derived_problem(payload)
 
     def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
                        tensors: Sequence[str]) -> dict[str, np.ndarray]:
@@ -352,7 +357,7 @@ class EthosUBackend(TosaConsumer):
         for graph in attempts:
             tosa = self.tosa.lower(graph, TOSA_PROFILE, trace=trace)
             try:
-                result = compile_tosa(tosa.blobs[GRAPH_BLOB], config, per_layer=self.per_layer,
+                result = compile_cached(tosa.blobs[GRAPH_BLOB], config, per_layer=self.per_layer,
                                       optimise=self.optimise)
             except VelaDroppedIO as e:
                 problem = str(e)

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from qlower.backends.derived import DerivedCache, digest
 from qlower.backends.workers import WorkerDied, WorkerPool, close_at_exit
 from qlower.errors import CompileError, ConfigError
 
@@ -58,6 +59,8 @@ DEFAULT_SYSTEM: dict[str, tuple[str, str]] = {
     "ethos-u65": ("Ethos_U65_Client_Server", "Dedicated_Sram_384KB"),
     "ethos-u85": ("Ethos_U85_SYS_DRAM_Mid", "Dedicated_Sram_384KB"),
 }
+
+OPTIMISE_GOALS = ("Performance", "Size")   # Vela's --optimise choices
 
 T = TypeVar("T")
 
@@ -111,7 +114,11 @@ class VelaConfig:
                 + self.ini_text)
 
     def options(self, per_layer: bool = False, optimise: str = "Performance") -> str:
-        """Compiler options as Vela's command line writes them (raw output, COP1 driver header)."""
+        """Compiler options as Vela's command line writes them (raw output, COP1 driver header).
+        ``optimise`` is one of OPTIMISE_GOALS: it is written into Vela's options text."""
+        if optimise not in OPTIMISE_GOALS or not isinstance(per_layer, bool):
+            raise ConfigError(f"Ethos-U option optimise={optimise!r}, per_layer={per_layer!r}: expected optimise one "
+                              f"of {', '.join(OPTIMISE_GOALS)} and per_layer true or false")
         return ("[compiler]\n" + ("enable_db=true\n" if per_layer else "")
                 + "output_format=Raw\ncop_format=COP1\n"
                 + f"[scheduler]\noptimize={optimise}\narena_size_limit={self.arena_cache_size}\n"
@@ -314,3 +321,17 @@ def compile_tosa(buf: bytes, config: VelaConfig, per_layer: bool = False, optimi
     return VelaResult(config, answer[2], answer[3], meta["scratch"], meta["scratch_fast"],
                       _io(meta["inputs"], ins, "input"), _io(meta["outputs"], outs, "output"), perf,
                       meta["per_layer"], seconds)
+
+
+# what lowering compiled, by the TOSA graph's digest and everything else Vela read: loading a
+# program derives its command stream and weights again (backend.py check_loaded) and, in the
+# process that compiled it or on a second load, finds them here (backends/derived.py)
+COMPILED: DerivedCache[VelaResult] = DerivedCache(lambda r: len(r.command_stream) + len(r.read_only))
+
+
+def compile_cached(buf: bytes, config: VelaConfig, per_layer: bool = False,
+                   optimise: str = "Performance") -> VelaResult:
+    """``compile_tosa``, remembered: Vela is deterministic (same TOSA and options, same bytes)."""
+    buf = bytes(buf)
+    return COMPILED.get((digest(buf), config, per_layer, optimise),
+                        lambda: compile_tosa(buf, config, per_layer, optimise))

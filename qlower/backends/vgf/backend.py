@@ -27,6 +27,7 @@ falls back: on a machine without the runtime its execution is an ExecutionError.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import time
 from collections.abc import Sequence
@@ -34,12 +35,13 @@ from typing import Any
 
 import numpy as np
 
+from qlower.backends.derived import first_difference
 from qlower.backends.tosa.backend import GRAPH_BLOB as GRAPH_TOSA
 from qlower.backends.tosa.backend import TRACE_BLOB as TRACE_TOSA
 from qlower.backends.tosa.consumer import SIMULATED, TosaConsumer, simulated
 from qlower.backends.tosa.tensors import tosa_tensors
 from qlower.backends.vgf.container import VgfModel, VgfTensor, read_vgf
-from qlower.backends.vgf.converter import tosa_to_vgf
+from qlower.backends.vgf.converter import converter_version, tosa_to_vgf_cached
 from qlower.backends.vgf.runner import TensorSpec, VulkanUnavailable, run_vgf, specs_from_meta
 from qlower.contract import Execution, Payload, Verdict, check_payload_inputs
 from qlower.errors import CompileError, ConfigError, ExecutionError, InputError
@@ -136,12 +138,47 @@ def _without_nan(arrays: list[np.ndarray]) -> list[np.ndarray]:
 def _convert(tosa: bytes, subgraph: Graph, tosa_meta: dict, profile: str):
     """``tosa_to_vgf`` whose error also says the TOSA graph was valid, and which ops it holds."""
     try:
-        return tosa_to_vgf(tosa, f"partition '{subgraph.name}'")
+        return tosa_to_vgf_cached(tosa, f"partition '{subgraph.name}'")
     except CompileError as e:
         ops = ", ".join(f"{k}×{n}" for k, n in tosa_meta.get("tosa_ops", {}).items())
         raise CompileError(f"{e}\nThe TOSA graph ({ops}) is valid {tosa_meta.get('profile')} (tosa-opt), so "
                            "the converter does not take one of its operators or types: keep that op on the "
                            f"host, or compile for {profile}.") from None
+
+
+def _as_json(x: Any) -> Any:
+    return json.loads(json.dumps(x))
+
+
+def derived_problem(payload: Payload) -> str | None:
+    """Why ``payload``'s VGF files are not what the model converter makes of its (validated) TOSA
+    graphs, or None."""
+    pairs = [(GRAPH_TOSA, MODEL_VGF, "io")] + ([(TRACE_TOSA, TRACE_VGF, "trace_io")] if TRACE_TOSA in payload.blobs
+                                                else [])
+    unexpected = sorted(set(payload.blobs) - {name for pair in pairs for name in pair[:2]})
+    if unexpected:
+        return f"it holds an unexpected blob {unexpected[0][:40]!r}"
+    for tosa_name, vgf_name, io_key in pairs:
+        if vgf_name not in payload.blobs:
+            return f"the VGF payload has {tosa_name} but no {vgf_name}"
+        try:
+            derived = tosa_to_vgf_cached(payload.blobs[tosa_name], f"its {tosa_name}").vgf
+            model = read_vgf(derived)
+        except CompileError as e:
+            return f"its {vgf_name} can't be derived again from its validated {tosa_name}: {str(e)[:300]}"
+        if derived != payload.blobs[vgf_name]:
+            return (f"its {vgf_name} is not what the ML SDK model converter ({converter_version()}) makes of its "
+                    f"validated {tosa_name} ({first_difference(payload.blobs[vgf_name], derived)}): altered after "
+                    "compilation, or converted by another converter version; recompile the program")
+        if _as_json(payload.meta.get(io_key)) != _as_json(_io_meta(model)):
+            return f"its metadata {io_key!r} is not the IO its {vgf_name} declares (altered after compilation)"
+        if io_key == "io":
+            facts = {"vgf_version": ".".join(map(str, model.version)), "segments": list(model.segments),
+                     "constants": model.constants}
+            wrong = sorted(k for k, v in facts.items() if _as_json(payload.meta.get(k)) != _as_json(v))
+            if wrong:
+                return f"its metadata {', '.join(wrong)} is not what its {vgf_name} holds (altered after compilation)"
+    return None
 
 
 class VgfBackend(TosaConsumer):
@@ -219,6 +256,13 @@ class VgfBackend(TosaConsumer):
             meta["trace_io"] = _io_meta(trace_model)
         meta["lower_seconds"] = round(time.perf_counter() - start, 4)
         return self.wrap(target, tosa, blobs, in_types, out_types, meta)
+
+    def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
+        """The TOSA graphs as every TOSA consumer checks them, then every VGF byte derived again:
+        the model converter run on the validated TOSA graph (deterministic; remembered by digest, so
+        a program loaded where it was compiled, or loaded twice, converts once) must write exactly
+        the payload's VGF, and the IO the VGF declares must be the payload's IO metadata."""
+        return super().check_loaded(subgraph, payload) or derived_problem(payload)
 
     @staticmethod
     def _runs_on_vulkan(payload: Payload) -> bool:

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from qlower.backends.derived import DerivedCache, digest
 from qlower.backends.vgf.container import MAGIC
 from qlower.errors import CompileError
 
@@ -102,3 +103,14 @@ def tosa_to_vgf(tosa: bytes, what: str = "TOSA graph") -> Converted:
     if vgf[:4] != MAGIC:
         raise CompileError(f"the ML SDK model converter wrote a file that is not VGF (starts with {vgf[:8]!r})")
     return Converted(vgf, seconds, converter_version())
+
+
+# conversions by the TOSA graph's digest and the converter that made them: a program loaded after
+# compiling it (or loaded twice) is checked without converting again (backends/derived.py)
+CONVERSIONS: DerivedCache[Converted] = DerivedCache(lambda c: len(c.vgf))
+
+
+def tosa_to_vgf_cached(tosa: bytes, what: str = "TOSA graph") -> Converted:
+    """``tosa_to_vgf``, remembered: the converter is deterministic (same TOSA, same VGF bytes)."""
+    exe = converter_path()
+    return CONVERSIONS.get((digest(tosa), exe, converter_version()), lambda: tosa_to_vgf(tosa, what))
