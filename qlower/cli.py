@@ -2,8 +2,10 @@
 
 Exit codes: 0 success; 1 a verification that ran and found the program not exact; 2 anything
 else that went wrong (a usage error, a bad model factory or input, an invalid program file, a
-failed compile or run), with a one-line message on stderr. Text that comes from a program
-file (names, metadata) is printed with control characters escaped, never raw.
+failed compile or run, running out of memory), with a short message on stderr. Text that comes
+from a program file (names, metadata) is printed with control characters escaped, never raw.
+Files are read only when regular (never a FIFO or device) and written only to regular files
+or new paths (safe_paths.py).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import sys
 import unicodedata
@@ -19,11 +22,23 @@ from pathlib import Path
 import numpy as np
 
 import qlower
-from qlower.errors import QlowerError
+from qlower.errors import ConfigError, InputError, QlowerError
+from qlower.safe_paths import check_destination, open_regular
+
+# an --input .npy may declare at most this many bytes (a header can claim any shape)
+MAX_INPUT_BYTES_ENV = "QLOWER_MAX_INPUT_BYTES"
+DEFAULT_MAX_INPUT_BYTES = 4 << 30
 
 
-class UsageError(Exception):
+class UsageError(ConfigError):
     """A command line that can't be carried out as given (exit 2, message without a traceback)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line usage error (its own prints the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, printable(f"{self.prog}: {message} (see {self.prog} --help)") + "\n")
 
 
 def printable(text: object) -> str:
@@ -34,7 +49,64 @@ def printable(text: object) -> str:
 
 
 def say(*parts: object, file=None) -> None:
-    print(printable(" ".join(str(p) for p in parts)), file=file or sys.stdout)
+    stream = file or sys.stdout
+    text = printable(" ".join(str(p) for p in parts))
+    try:
+        print(text, file=stream)
+    except UnicodeEncodeError:   # a terminal whose encoding lacks a character: escaped, never a crash
+        print(text.encode(stream.encoding or "ascii", "backslashreplace").decode(stream.encoding or "ascii"),
+              file=stream)
+
+
+def write_file(path: str | os.PathLike, data: bytes | str) -> None:
+    """``data`` at ``path``, whole or not at all, only over a regular file (safe_paths.py)."""
+    from qlower.program.fileformat import write_atomically
+
+    write_atomically(path, data.encode() if isinstance(data, str) else data)
+
+
+def writable(path: str | None) -> str | None:
+    """``path`` when qlower may write it (new, or a regular file): checked before the work."""
+    if path is not None:
+        check_destination(path)
+    return path
+
+
+def max_input_bytes() -> int:
+    raw = os.environ.get(MAX_INPUT_BYTES_ENV)
+    if raw is None:
+        return DEFAULT_MAX_INPUT_BYTES
+    if not raw.isdigit():
+        raise ConfigError(f"{MAX_INPUT_BYTES_ENV}={raw!r}: expected a number of bytes")
+    return int(raw)
+
+
+def read_npy(path: str) -> np.ndarray:
+    """An --input array: a regular .npy file whose header declares no more bytes than it holds
+    (nor than ``QLOWER_MAX_INPUT_BYTES``), read without pickles; InputError otherwise."""
+    from numpy.lib import format as npy
+
+    with open_regular(path, "--input") as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            version = npy.read_magic(f)
+            header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+            shape, _, dtype = header(f)
+        except (ValueError, OSError, EOFError, SyntaxError) as e:
+            raise InputError(f"--input {path}: not a readable .npy file ({e})") from None
+        if dtype.hasobject:
+            raise InputError(f"--input {path}: holds Python objects ({dtype}); qlower reads numeric arrays only")
+        declared = math.prod(shape) * dtype.itemsize
+        if declared > size - f.tell() or declared > max_input_bytes():
+            raise InputError(f"--input {path}: its header declares a {dtype}{list(shape)} array ({declared:,} bytes), "
+                             f"the file holds {max(size - f.tell(), 0):,} bytes of data"
+                             + (f" and the limit is {max_input_bytes():,} ({MAX_INPUT_BYTES_ENV})"
+                                if declared > max_input_bytes() else ""))
+        f.seek(0)
+        try:
+            return np.load(f, allow_pickle=False)
+        except (OSError, ValueError, EOFError) as e:
+            raise InputError(f"--input {path}: not a readable .npy file ({e})") from None
 
 
 def _load_model(spec: str, size: int | None, trained: bool = False):
@@ -110,7 +182,7 @@ def cmd_verify(args) -> int:
     report = qlower.verify_program(prog, [example])
     say(report.table())
     if args.json:
-        Path(args.json).write_text(report.to_json())
+        write_file(args.json, report.to_json())
     if args.html:
         say(f"HTML report: {report.write_html(args.html)}")
     return 0 if report.ok else 1
@@ -128,7 +200,7 @@ def cmd_compile(args) -> int:
         # TFLM needs each operator registered: the list is generated, never typed
         tflite_file = Path(args.output)
         header = tflite_file.with_name(f"{tflite_file.stem}_ops.h")
-        header.write_text(qlower.op_resolver_header(tflite_file.read_bytes(), tflite_file.name))
+        write_file(header, qlower.op_resolver_header(tflite_file.read_bytes(), tflite_file.name))
         say(f"wrote {header} (the operators to register in TFLM's MicroMutableOpResolver)")
     elif args.output:
         prog.save(args.output)
@@ -138,20 +210,15 @@ def cmd_compile(args) -> int:
         for name, blob in prog.artifacts().items():
             dest = out / name
             dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(blob)
-        (out / "summary.json").write_text(json.dumps(prog.summary(), indent=2, default=str))
+            write_file(dest, blob)
+        write_file(out / "summary.json", json.dumps(prog.summary(), indent=2, default=str))
         say(f"wrote {len(prog.artifacts())} artifact(s) and summary.json to {out}")
     return 0
 
 
 def cmd_run(args) -> int:
     prog = qlower.load(args.program)
-    inputs = []
-    for path in args.input:
-        try:
-            inputs.append(np.load(path, allow_pickle=False))
-        except (OSError, ValueError, EOFError) as e:
-            raise UsageError(f"--input {path}: not a readable .npy file ({e})") from None
+    inputs = [read_npy(path) for path in args.input]
     for note in sorted({str(p.payload.execution) for p in prog.partitions if p.payload.execution is not None}):
         say(f"note: {note}")
     outs = prog.run(*inputs)
@@ -195,7 +262,7 @@ def cmd_accuracy(args) -> int:
     say(f"{name}, trained on digits")
     say(reports[0].table() if len(reports) == 1 else qlower.comparison_table(reports))
     if args.json:
-        Path(args.json).write_text(json.dumps([json.loads(r.to_json()) for r in reports], indent=2))
+        write_file(args.json, json.dumps([json.loads(r.to_json()) for r in reports], indent=2))
     return 0
 
 
@@ -211,7 +278,7 @@ def cmd_sensitivity(args) -> int:
     if args.plot:
         say(f"plot: {report.plot(args.plot)}")
     if args.json:
-        Path(args.json).write_text(report.to_json())
+        write_file(args.json, report.to_json())
     return 0
 
 
@@ -272,7 +339,7 @@ def cmd_demo(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="qlower", description=qlower.__doc__)
+    p = _Parser(prog="qlower", description=qlower.__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="compile the digits CNN, compare fp32 and int8 accuracy, verify")
     d.add_argument("--target", default="cpu")
@@ -356,6 +423,8 @@ def main(argv: list[str] | None = None) -> int:
     i.set_defaults(fn=cmd_inspect)
     args = p.parse_args(argv)
     try:
+        for name in ("output", "json", "html", "plot"):   # refused before the work, not after
+            writable(getattr(args, name, None))
         return args.fn(args)
     except BrokenPipeError:   # `qlower zoo | head -1`: the reader has all it wants
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -366,6 +435,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except QlowerError as e:
         say(f"qlower: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        say("qlower: out of memory (MemoryError): the model, its inputs or a program's tensors need more memory than "
+            "this process may have; try smaller inputs (--size) or a machine with more memory", file=sys.stderr)
+        return 2
+    except UnicodeError as e:   # e.g. a lone surrogate in a name, which no file or terminal can hold
+        say(f"qlower: text that is not valid Unicode: {e}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as e:  # a bad argument (unknown target or option, missing or unreadable file)
         say(f"qlower: {e}", file=sys.stderr)

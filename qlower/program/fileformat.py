@@ -168,6 +168,9 @@ def write_atomically(path: str | os.PathLike, data: bytes) -> None:
     temporary file and leaves ``path`` as it was (only a killed process can leave a
     ``.qlower-*.tmp`` behind). Concurrent saves to one path each use their own temporary file:
     the last rename wins, none fails."""
+    from qlower.safe_paths import check_destination
+
+    check_destination(path)   # a device, FIFO or symbolic link is never replaced
     path = Path(path)
     folder = path.parent
     if not folder.is_dir():
