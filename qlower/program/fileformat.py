@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import safetensors
 import safetensors.numpy
 
 from qlower.contract import Backend, Payload
@@ -55,6 +54,7 @@ from qlower.ir.rewrite import AppliedRewrite
 from qlower.partition import HostDecision, Partition
 from qlower.program.irjson import TensorReader, TensorWriter, dec_type, decode_graph, enc_type, encode_graph
 from qlower.program.jsonchecks import as_int, as_list, as_obj, as_str, fail
+from qlower.program.limits import MAX_TENSOR_BYTES_ENV, check_program, check_tensor_sizes, max_tensor_bytes  # noqa: F401
 from qlower.program.program import Program
 
 MAGIC = b"\x89QLOWER\n"
@@ -62,10 +62,8 @@ FORMAT_VERSION = 1
 _ENVELOPE = struct.Struct("<8sIQ32s")
 _FORMAT_NAME = "qlower-program"
 _MAX_NAME = 100
-MAX_TENSOR_BYTES_ENV = "QLOWER_MAX_TENSOR_BYTES"
 MAX_PROGRAM_BYTES_ENV = "QLOWER_MAX_PROGRAM_BYTES"
 DEFAULT_MAX_PROGRAM_BYTES = 2 << 30
-DEFAULT_MAX_TENSOR_BYTES = 1 << 30
 _HEADER_FIELDS = ("format", "target", "meta", "tensors", "host", "source", "partitions", "decisions")
 # safetensors dtype -> NumPy dtype (little-endian); the only dtypes a program file holds
 _ST_DTYPES = {"BOOL": "|b1", "U8": "|u1", "I8": "|i1", "I16": "<i2", "I32": "<i4", "I64": "<i8",
@@ -231,28 +229,41 @@ def _fsync_folder(folder: Path) -> None:
 
 # -- reading: envelope and body ------------------------------------------------------------
 
-def _open_envelope(data: bytes) -> tuple[int, bytes]:
-    if data[:len(MAGIC)] != MAGIC:
-        if len(data) < len(MAGIC) and MAGIC.startswith(data):
-            raise fail("", f"truncated: only {len(data)} bytes, not even the file signature")
-        kind = next((what for prefix, what in _FOREIGN.items() if data.startswith(prefix)), None)
+def _envelope_head(head: bytes, total: int) -> tuple[int, int, bytes]:
+    """(version, body length, digest) from the first bytes of a file of ``total`` bytes: the
+    signature, the version and the length are checked before any of the body is read."""
+    if head[:len(MAGIC)] != MAGIC:
+        if total < len(MAGIC) and MAGIC.startswith(head):
+            raise fail("", f"truncated: only {total} bytes, not even the file signature")
+        kind = next((what for prefix, what in _FOREIGN.items() if head.startswith(prefix)), None)
         raise fail("", "not a qlower program file" + (f": it looks like {kind}" if kind else
-                                                      f" (it starts with {data[:8]!r})"))
-    if len(data) < _ENVELOPE.size:
-        raise fail("", f"truncated: {len(data)} bytes, shorter than the {_ENVELOPE.size}-byte file header")
-    _, version, length, digest = _ENVELOPE.unpack_from(data)
+                                                      f" (it starts with {bytes(head[:8])!r})"))
+    if total < _ENVELOPE.size:
+        raise fail("", f"truncated: {total} bytes, shorter than the {_ENVELOPE.size}-byte file header")
+    _, version, length, digest = _ENVELOPE.unpack_from(head)
     if version > FORMAT_VERSION:
         raise fail("", f"written by a newer qlower (format {version}, this qlower reads up to "
                        f"{FORMAT_VERSION}): upgrade qlower to load it")
     if version < 1:
         raise fail("", f"format version {version} does not exist (corrupt file header)")
+    body = total - _ENVELOPE.size
+    if body < length:
+        raise fail("", f"truncated: the body has {body} of its {length} bytes")
+    if body > length:
+        raise fail("", f"{body - length} unexpected bytes after the end of the program")
+    return version, length, digest
+
+
+_CHECKSUM_MISMATCH = "checksum mismatch: the file was changed or damaged after it was written"
+
+
+def _open_envelope(data: bytes | bytearray | memoryview) -> tuple[int, memoryview]:
+    """The version and the body (a view: the bytes are not copied) of a whole file's bytes."""
+    data = memoryview(data).cast("B")
+    version, _, digest = _envelope_head(bytes(data[:_ENVELOPE.size]), len(data))
     body = data[_ENVELOPE.size:]
-    if len(body) < length:
-        raise fail("", f"truncated: the body has {len(body)} of its {length} bytes")
-    if len(body) > length:
-        raise fail("", f"{len(body) - length} unexpected bytes after the end of the program")
     if hashlib.sha256(body).digest() != digest:
-        raise fail("", "checksum mismatch: the file was changed or damaged after it was written")
+        raise fail("", _CHECKSUM_MISMATCH)
     return version, body
 
 
@@ -279,14 +290,15 @@ def _strict_json(raw: bytes | str, where: str) -> Any:
         raise fail(where, f"is not valid JSON ({type(e).__name__}: {str(e)[:120]})") from None
 
 
-def _to_array(name: str, info: dict) -> np.ndarray:
+def _to_array(name: str, code: Any, shape: Any, data: memoryview) -> np.ndarray:
+    """A read-only array over ``data`` (no copy)."""
     where = f"tensor '{name[:40]}'"
-    dtype = _ST_DTYPES.get(info.get("dtype"))
+    dtype = _ST_DTYPES.get(code) if type(code) is str else None
     if dtype is None:
-        raise fail(where, f"has dtype {info.get('dtype')!r}; program files hold only {sorted(_ST_DTYPES)}")
-    shape, data = tuple(info["shape"]), info["data"]
-    if len(data) != int(np.prod(shape, dtype=object)) * np.dtype(dtype).itemsize:
-        raise fail(where, f"has {len(data)} bytes for {info['dtype']}{list(shape)}")
+        raise fail(where, f"has dtype {str(code)[:20]!r}; program files hold only {sorted(_ST_DTYPES)}")
+    shape = tuple(as_int(d, f"{where} shape", 0) for d in as_list(shape, f"{where} shape"))
+    if len(data) != math.prod(shape) * np.dtype(dtype).itemsize:
+        raise fail(where, f"has {len(data)} bytes for {code}{list(shape)}")
     array = np.frombuffer(data, dtype=np.dtype(dtype))
     if array.dtype == np.bool_ and np.frombuffer(data, np.uint8).max(initial=0) > 1:
         raise fail(where, "is a boolean tensor holding bytes other than 0 and 1")
@@ -297,23 +309,47 @@ def _to_array(name: str, info: dict) -> np.ndarray:
     return array
 
 
-def _open_body(body: bytes) -> tuple[Any, dict[str, np.ndarray]]:
-    """The program header (decoded JSON, unchecked) and the tensors of the safetensors body."""
+def _open_body(body: bytes | memoryview) -> tuple[Any, dict[str, np.ndarray]]:
+    """The program header (decoded JSON, unchecked) and the tensors of the safetensors body, as
+    read-only arrays over ``body`` (nothing is copied: a loaded file is held once). The tensor
+    section is checked as strictly as the safetensors format asks: every tensor's dtype, shape and
+    byte range, the ranges in order, back to back, covering the data exactly."""
+    body = memoryview(body).cast("B")
     if len(body) < 8:
         raise fail("tensor section", f"truncated ({len(body)} bytes)")
     n = int.from_bytes(body[:8], "little")
     if n > len(body) - 8:
         raise fail("tensor section", f"its header claims {n} bytes, only {len(body) - 8} follow")
-    st_header = as_obj(_strict_json(body[8:8 + n], "tensor section header"), "tensor section header")
+    st_header = as_obj(_strict_json(bytes(body[8:8 + n]), "tensor section header"), "tensor section header")
     meta = st_header.get("__metadata__")
-    if type(meta) is not dict or "qlower" not in meta:
+    if type(meta) is not dict or "qlower" not in meta or not all(type(v) is str for v in meta.values()):
         raise fail("tensor section", "has no qlower program header in its metadata")
     header = _strict_json(as_str(meta["qlower"], "program header"), "program header")
-    try:
-        raw = safetensors.deserialize(body)
-    except Exception as e:  # noqa: BLE001 - SafetensorError and whatever else the parser raises
-        raise fail("tensor section", f"is corrupt: {str(e)[:200]}") from None
-    return header, {name: _to_array(name, info) for name, info in raw}
+    data = body[8 + n:]
+    entries = []
+    for name, info in st_header.items():
+        if name == "__metadata__":
+            continue
+        where = f"tensor '{name[:40]}'"
+        info = as_obj(info, where, ("dtype", "shape", "data_offsets"))
+        offsets = as_list(info["data_offsets"], f"{where} data_offsets")
+        if len(offsets) != 2:
+            raise fail(where, "data_offsets must be [start, end]")
+        start, end = (as_int(o, f"{where} data_offsets", 0, len(data)) for o in offsets)
+        if end < start:
+            raise fail(where, f"ends ({end}) before it starts ({start})")
+        entries.append((start, end, name, info))
+    entries.sort(key=lambda e: (e[0], e[1]))
+    at = 0
+    for start, end, name, _ in entries:
+        if start != at:
+            raise fail("tensor section", f"tensor '{name[:40]}' starts at byte {start}, not {at} where the "
+                                         "one before it ends (overlapping or gapped data)")
+        at = end
+    if at != len(data):
+        raise fail("tensor section", f"its tensors cover {at} of its {len(data)} data bytes")
+    return header, {name: _to_array(name, info["dtype"], info["shape"], data[start:end])
+                    for start, end, name, info in entries}
 
 
 def _check_tensor_index(index: Any, arrays: dict[str, np.ndarray]) -> None:
@@ -374,7 +410,7 @@ def _dec_partition(x: Any, tensors: TensorReader, source_names: set[str], where:
         raise fail(f"{where} name", f"{name[:40]!r} {name_problem(name)}")
     where = f"partition '{name[:40]}'"
     sub = decode_graph(d["subgraph"], tensors, f"{where} subgraph")
-    _check_tensor_sizes([sub], [f"{where} subgraph"])
+    check_program([(f"{where} subgraph", sub)])   # before its backend compiles it again (check_loaded)
     payload = _dec_payload(d["payload"], tensors, f"{where} payload")
     if (len(payload.input_types), len(payload.output_types)) != (len(sub.inputs), len(sub.outputs)):
         raise fail(where, f"its payload has {len(payload.input_types)} inputs and {len(payload.output_types)} "
@@ -422,34 +458,18 @@ def _dec_decision(x: Any, source: Graph, where: str) -> HostDecision:
 
 def _dec_meta(x: Any) -> dict[str, Any]:
     meta = as_obj(x, "program meta")
-    threads = meta.get("threads")
-    if threads is not None and (type(threads) is not int or not 1 <= threads <= 4096):
-        raise fail("program meta", f"threads must be null or an integer in [1, 4096], got {str(threads)[:40]}")
+    from qlower.backends.threads import MAX_THREADS_ENV, max_threads
+
+    threads, limit = meta.get("threads"), max_threads()   # the bound a run applies: a file loads only if it runs
+    if threads is not None and (type(threads) is not int or not 1 <= threads <= limit):
+        raise fail("program meta", f"threads must be null or an integer in [1, {limit}] (set {MAX_THREADS_ENV} to "
+                                   f"allow more), got {str(threads)[:40]}")
     for i, record in enumerate(as_list(meta.get("rewrites", []), "program meta rewrites")):
         try:
             AppliedRewrite.from_meta(record)
         except ValueError as e:
             raise fail(f"program meta rewrite #{i}", str(e)) from None
     return meta
-
-
-def max_tensor_bytes() -> int:
-    """The largest tensor a loaded program may compute (env QLOWER_MAX_TENSOR_BYTES, default 1 GiB)."""
-    raw = os.environ.get(MAX_TENSOR_BYTES_ENV, "")
-    return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_MAX_TENSOR_BYTES
-
-
-def _check_tensor_sizes(graphs: list[Graph], where: list[str]) -> None:
-    """A few hundred bytes of graph can declare a tensor of terabytes (a pad, a broadcast): a
-    loaded program is refused when any value would exceed the limit, before anything runs."""
-    limit = max_tensor_bytes()
-    for g, w in zip(graphs, where):
-        for v in g.values():
-            size = math.prod(v.type.shape) * v.type.dtype.itemsize   # exact: no int64 wrap-around
-            if size > limit:
-                raise fail(w, f"value %{v.name[:40]} ({v.type}) takes {size:,} bytes, more than the "
-                              f"{limit:,} a loaded program may allocate for one tensor; set "
-                              f"{MAX_TENSOR_BYTES_ENV} to raise the limit if the file is trusted")
 
 
 def _decode_program(header: Any, arrays: dict[str, np.ndarray]) -> Program:
@@ -460,11 +480,13 @@ def _decode_program(header: Any, arrays: dict[str, np.ndarray]) -> Program:
     tensors = TensorReader(arrays)
     host = decode_graph(h["host"], tensors, "host graph")
     source = host if h["source"] is None else decode_graph(h["source"], tensors, "source graph")
-    _check_tensor_sizes([host, source], ["host graph", "source graph"])
+    check_tensor_sizes(source, "source graph")
+    check_program([("host graph", host)])
     names = {v.name for v in source.values()}
     partitions = [_dec_partition(p, tensors, names, f"partition #{i}")
                   for i, p in enumerate(as_list(h["partitions"], "partitions"))]
     _check_delegates(host, partitions)
+    check_program([("host graph", host), *((f"partition '{p.name}'", p.subgraph) for p in partitions)])
     decisions = [_dec_decision(d, source, f"host decision #{i}")
                  for i, d in enumerate(as_list(h["decisions"], "host decisions"))]
     unused = sorted(set(arrays) - tensors.used)
@@ -479,9 +501,14 @@ def max_program_bytes() -> int:
     return int(raw) if raw.isdigit() and int(raw) > 0 else DEFAULT_MAX_PROGRAM_BYTES
 
 
-def _read(path: str | os.PathLike) -> bytes:
-    """The file's bytes, read only when it is a regular file no larger than the limit: a FIFO
-    or a device (/dev/zero) would block or never end, a huge file would fill the memory."""
+_CHUNK = 1 << 24
+
+
+def _read(path: str | os.PathLike) -> tuple[int, bytearray, int]:
+    """(format version, body, file size) of a program file, the body's checksum verified while it
+    is read: only a regular file no larger than the limit is read (a FIFO or a device would block
+    or never end, a huge file would fill the memory), its envelope is checked from the first bytes,
+    and the body is read once, in chunks, into one buffer (the file is never held twice)."""
     name = os.fspath(path)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
@@ -493,50 +520,78 @@ def _read(path: str | os.PathLike) -> bytes:
         kind = ("a folder" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
                 else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "not a file")
         raise InvalidProgramError(f"can't read program file {name}: it is {kind}, not a program file")
-    with os.fdopen(fd, "rb") as f:
+    with os.fdopen(fd, "rb", buffering=0) as f:
         limit = max_program_bytes()
         if st.st_size > limit:
             raise InvalidProgramError(f"{name}: {st.st_size:,} bytes, more than the {limit:,} a program file may "
                                       f"have; set {MAX_PROGRAM_BYTES_ENV} to raise the limit if the file is trusted")
         try:
-            data = f.read(st.st_size + 1)   # one more: a file that grows while read is caught
+            head = _read_exactly(f, min(_ENVELOPE.size, st.st_size))
+            try:
+                version, length, digest = _envelope_head(head, st.st_size)
+            except InvalidProgramError as e:
+                raise InvalidProgramError(f"{name}: {e}") from None
+            body = bytearray(length)
+            view, sha, at = memoryview(body), hashlib.sha256(), 0
+            while at < length:
+                got = f.readinto(view[at:at + _CHUNK])
+                if not got:
+                    raise InvalidProgramError(f"{name}: the file shrank while it was read")
+                sha.update(view[at:at + got])
+                at += got
+            if f.read(1):   # one more: a file that grows while read is caught
+                raise InvalidProgramError(f"{name}: the file grew while it was read")
         except OSError as e:
             raise InvalidProgramError(f"can't read program file {name}: {e.strerror or e}") from None
-    if len(data) > st.st_size:
-        raise InvalidProgramError(f"{name}: the file grew while it was read")
-    return data
+    if sha.digest() != digest:
+        raise InvalidProgramError(f"{name}: {_CHECKSUM_MISMATCH}")
+    return version, body, st.st_size
+
+
+def _read_exactly(f: Any, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = f.read(n - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out
 
 
 def program_from_bytes(data: bytes, name: str = "program") -> Program:
     """Decode a program file's bytes (see the module docstring for what is checked)."""
-    return _parse(data, name)[1]
-
-
-def _parse(data: bytes, name: str) -> tuple[int, Program]:
     try:
-        version, body = _open_envelope(bytes(data))
+        version, body = _open_envelope(data)
+    except InvalidProgramError as e:
+        raise InvalidProgramError(f"{name}: {e}") from None
+    return _parse_body(body, name)
+
+
+def _parse_body(body: bytes | bytearray | memoryview, name: str) -> Program:
+    try:
         header, arrays = _open_body(body)
-        return version, _decode_program(header, arrays)
+        return _decode_program(header, arrays)
     except InvalidProgramError as e:
         raise InvalidProgramError(f"{name}: {e}") from None
 
 
 def load(path: str | os.PathLike) -> Program:
     """Load a program saved with ``Program.save``; exposed as ``qlower.load``."""
-    return program_from_bytes(_read(path), os.fspath(path))
+    _, body, _ = _read(path)
+    return _parse_body(body, os.fspath(path))
 
 
 def inspect_program(path: str | os.PathLike) -> dict[str, Any]:
     """What a program file holds, without running it (for ``qlower inspect``). The file is
     fully checked, as by ``load``."""
-    data = _read(path)
-    version, prog = _parse(data, os.fspath(path))
+    version, body, size = _read(path)
+    prog = _parse_body(body, os.fspath(path))
 
     def op_counts(g: Graph) -> dict[str, int]:
         return dict(sorted(g.count_ops().items()))
 
     return {
-        "file": os.fspath(path), "file_size": len(data), "format_version": version,
+        "file": os.fspath(path), "file_size": size, "format_version": version,
         "target": prog.target, "targets": sorted({prog.target, *(p.target for p in prog.partitions)}),
         "inputs": [f"%{v.name}: {v.type}" for v in prog.graph.inputs],
         "outputs": [f"%{v.name}: {v.type}" for v in prog.graph.outputs],

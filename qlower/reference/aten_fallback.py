@@ -368,6 +368,13 @@ def check_call(op: Op) -> str | None:
         args, kwargs = decode_call(op.attrs["args"], metas)
     except InvalidProgramError as e:
         return str(e)
+    params = [a.name for a in fn._schema.arguments]
+    if "device" in params:   # a factory op (full, arange, ...): made on the meta device too, never allocated
+        at = params.index("device")
+        if at < len(args):
+            args[at] = torch.device("meta")
+        else:
+            kwargs["device"] = torch.device("meta")
     try:
         with torch.no_grad():
             out = fn(*args, **kwargs)

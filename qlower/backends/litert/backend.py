@@ -122,6 +122,16 @@ class LiteRtBackend(Backend):
                      if self.kernels not in rounding.GUARANTEED else {})},
         )
 
+    def check_meta(self, payload: Payload) -> str | None:
+        """The interpreter's thread count is read from the payload: the bound every run applies."""
+        problem = super().check_meta(payload)
+        if problem is None:
+            try:
+                check_threads(payload.meta.get("threads"), "litert payload meta threads")
+            except ConfigError as e:
+                problem = str(e)
+        return problem
+
     def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
         return loaded_payload_problem(subgraph, payload)
 
