@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 # public name -> module that defines it
 _PUBLIC = {
-    "compile": "qlower.api", "verify": "qlower.api", "evaluate": "qlower.api", "sensitivity": "qlower.api", "targets": "qlower.backends.registry",
+    "compile": "qlower.api", "verify": "qlower.api", "evaluate": "qlower.api", "sensitivity": "qlower.api", "prepare_qat": "qlower.api", "targets": "qlower.backends.registry",
     "parse_backend_options": "qlower.backends.registry", "verify_program": "qlower.verification",
     "measure_accuracy": "qlower.verification.accuracy", "comparison_table": "qlower.verification.accuracy",
     "inspect_program": "qlower.program.fileformat", "tflite_exact_kernels": "qlower.api", "save_arrays": "qlower.api",

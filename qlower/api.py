@@ -1,4 +1,4 @@
-"""The public entry points: ``compile``, ``verify``, ``evaluate`` and ``sensitivity``, and what the command
+"""The public entry points: ``compile``, ``verify``, ``evaluate``, ``sensitivity`` and ``prepare_qat``, and what the command
 line needs beyond them (``tflite_exact_kernels``, ``save_arrays``)."""
 
 from __future__ import annotations
@@ -165,6 +165,19 @@ def sensitivity(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | 
         batches, labels = [tuple(b) for b in calibration][:limit], None
     gm, batch = capture_switchable(model, example_inputs, quant, calibration, progress)
     return measure_sensitivity(gm, batches, labels, batch=batch, progress=progress, model=type(model).__name__)
+
+
+def prepare_qat(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | None = DEFAULT_QUANT,
+                calibration: Sequence[Sequence[Any]] | None = None):
+    """Quantization-aware training: a trainable copy of ``model`` with qlower's quantization (``quant``,
+    static: the same per-channel / per-tensor weights, activation range and dtype as ``compile``) as
+    fake-quants, batch norms folded as training needs them, ranges initialised on ``calibration``
+    (default: the example inputs). Train it (``.train()`` / ``.eval()`` work; ``qlower.frontend.qat.
+    freeze_ranges`` stops the ranges moving), then ``compile(qat_model, example_inputs, target)``
+    compiles it with the learned scales, without calibration. See frontend/qat.py."""
+    from qlower.frontend.qat import prepare_qat as prepare
+
+    return prepare(model, example_inputs, quant, calibration)
 
 
 def tflite_exact_kernels(program: Program) -> tuple[str, ...]:

@@ -76,18 +76,34 @@ def convert_qat(model: GraphModule) -> GraphModule:
     """A converted copy of the QAT-prepared ``model`` (left as it is: training may go on): batch norms
     in eval mode and folded into their convs, each fake-quant's learned scale and zero point written
     as q/dq nodes, the weights quantized."""
-    from torchao.quantization.pt2e import move_exported_model_to_eval
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e
 
+    from qlower.frontend.qat import fold_conv_bn, set_training
     from qlower.frontend.quantize_fold import fold_constant_quantize
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         converted = copy.deepcopy(model)
-        move_exported_model_to_eval(converted)
+        set_training(converted, False)
+        fold_conv_bn(converted)  # (torchao's convert folds what is left, slowly: pattern matching)
         converted = convert_pt2e(converted, fold_quantize=False)
         fold_constant_quantize(converted)
     return converted
+
+
+def _static(gm: GraphModule, example_inputs: Sequence[torch.Tensor]) -> GraphModule:
+    """``gm`` exported again for the example inputs' shapes when it was exported with a dynamic one
+    (prepare_qat's batch dimension); the nodes keep their source lines and module paths."""
+    shapes = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    if all(not isinstance(v, torch.Tensor) or all(isinstance(d, int) for d in v.shape) for v in shapes):
+        return gm
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.export.export(gm, tuple(example_inputs), strict=False).module(check_guards=False)
+    except Exception as e:  # noqa: BLE001  (export raises many unrelated types)
+        raise UnsupportedOpError(f"exporting the quantized model for the example inputs' shapes failed: "
+                                 f"{type(e).__name__}: {str(e)[:2000]}") from e
 
 
 def float_version(gm: GraphModule) -> GraphModule:
@@ -289,7 +305,8 @@ def check_inputs(gm: GraphModule, example_inputs: Sequence[torch.Tensor]) -> Non
                          f"{len(example_inputs)}")
     for i, (n, x) in enumerate(zip(placeholders, example_inputs)):
         val = n.meta.get("val")
-        if isinstance(val, torch.Tensor) and (tuple(val.shape) != tuple(x.shape) or val.dtype != x.dtype):
+        fixed = isinstance(val, torch.Tensor) and all(isinstance(d, int) for d in val.shape)
+        if fixed and (tuple(val.shape) != tuple(x.shape) or val.dtype != x.dtype):
             raise InputError(f"example_inputs[{i}] is {x.dtype}{list(x.shape)}, the quantized model was exported "
                              f"for {val.dtype}{list(val.shape)}")
 
@@ -329,6 +346,7 @@ def import_prequantized(model: GraphModule, example_inputs: Sequence[torch.Tenso
     except Exception as e:  # noqa: BLE001  (torchao raises many unrelated types)
         raise UnsupportedOpError(f"converting the QAT model (torchao's convert_pt2e) failed: "
                                  f"{type(e).__name__}: {str(e)[:2000]}") from e
+    converted = _static(converted, example_inputs)
     check_quantization(converted, target)
     imported = import_graph(converted, name=getattr(model, "qlower_name", type(model).__name__),
                             fallback=quant.fallback)
