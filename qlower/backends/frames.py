@@ -9,19 +9,26 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import struct
 import sys
 import tempfile
+import time
 
 _COUNT = struct.Struct("<I")
 _LENGTH = struct.Struct("<Q")
 
 
-def read_exactly(fd: int, n: int) -> bytes:
-    """``n`` bytes from ``fd``; EOFError if the other side closed first."""
+def read_exactly(fd: int, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes from ``fd``; EOFError if the other side closed first, TimeoutError when
+    ``deadline`` (a ``time.monotonic()`` time) passes before they came."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
     while got < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise TimeoutError(f"no answer within the time allowed ({got} of {n} bytes came)")
         k = os.readv(fd, [view[got:]])
         if k == 0:
             raise EOFError(f"the pipe closed after {got} of {n} bytes")
@@ -29,11 +36,12 @@ def read_exactly(fd: int, n: int) -> bytes:
     return bytes(buf)
 
 
-def read_frame(fd: int, max_parts: int = 1 << 16) -> list[bytes]:
-    (count,) = _COUNT.unpack(read_exactly(fd, _COUNT.size))
+def read_frame(fd: int, max_parts: int = 1 << 16, deadline: float | None = None) -> list[bytes]:
+    (count,) = _COUNT.unpack(read_exactly(fd, _COUNT.size, deadline))
     if count > max_parts:
         raise ValueError(f"a frame of {count} parts")
-    return [read_exactly(fd, _LENGTH.unpack(read_exactly(fd, _LENGTH.size))[0]) for _ in range(count)]
+    return [read_exactly(fd, _LENGTH.unpack(read_exactly(fd, _LENGTH.size, deadline))[0], deadline)
+            for _ in range(count)]
 
 
 def write_frame(fd: int, parts: list[bytes]) -> None:
