@@ -23,6 +23,7 @@ from qlower.backends.litert.fused_add import TfliteAdd
 from qlower.backends.litert.verify import builtin_counts, verify_tflite
 from qlower.backends.tflm import runner
 from qlower.backends.tflm.export import export_tflm
+from qlower.backends.tflm.interface import Io, boundary_reasons, int8_interface
 from qlower.backends.tflm.rounding import TflmKernelRounding
 from qlower.backends.tflm.settle import settled_reasons
 from qlower.contract import Backend, CostReport, Exporter, Payload, Verdict, check_payload_inputs
@@ -46,7 +47,8 @@ class TflmBackend(Backend):
     @classmethod
     def exporters(cls, target: str) -> dict[str, Exporter]:
         """``tflite``: the whole program of TFLM's kernels only, with their rounding (export.py)."""
-        return {"tflite": lambda source, payloads, text: export_tflm(source, description=text)}
+        return {"tflite": lambda source, payloads, text: export_tflm(
+            int8_interface(source) if program_io(payloads) == "int8" else source, description=text)}
 
     @classmethod
     def export_note(cls, target: str, format: str, source: Graph) -> str:
@@ -71,7 +73,11 @@ class TflmBackend(Backend):
             return super().check_meta(payload) or str(e)
         return super().check_meta(payload)
 
-    def __init__(self) -> None:
+    def __init__(self, io: Io = "float32") -> None:
+        """``io``: the .tflite's interface -- ``float32`` (it quantizes its inputs and dequantizes its outputs
+        itself) or ``int8`` (it takes and returns the codes; the program's boundary quantize/dequantize
+        stay on the host: interface.py)."""
+        self.io = io
         self._reasons: dict[int, str] = {}
 
     def rewrites(self, target: str) -> tuple[Rewrite, ...]:
@@ -79,7 +85,7 @@ class TflmBackend(Backend):
         return (TfliteAdd(), TflmKernelRounding())
 
     def prepare(self, graph: Graph) -> None:
-        self._reasons = settled_reasons(graph)
+        self._reasons = settled_reasons(graph, boundary_reasons(graph) if self.io == "int8" else {})
 
     def supports(self, op: Op, target: str) -> Verdict:
         reason = self._reasons.get(id(op))
@@ -96,7 +102,7 @@ class TflmBackend(Backend):
             output_types=tuple(v.type for v in subgraph.outputs),
             # the IR values the model holds as tensors of their own (a fused GEMM's accumulator is not one)
             tensor_map={n: n for n in sorted(names & set(tensor_bytes(model)))} if trace else {},
-            meta={"exactness": EXACTNESS, "tflite_ops": builtin_counts(model),
+            meta={"exactness": EXACTNESS, "tflite_ops": builtin_counts(model), "io": self.io,
                   "arena_bytes": arena, "flash_bytes": len(model),
                   # explain() prints it: what the device must hold
                   "summary": f"TFLM: tensor arena {arena:,} bytes (the smallest its interpreter allocates the "
@@ -154,6 +160,12 @@ class TflmBackend(Backend):
                 raise ExecutionError(f"output {i} of the TFLM partition came back as {y.dtype}{list(y.shape)}, "
                                      f"the payload declares {t}")
         return outs, seen
+
+
+def program_io(payloads: Sequence[Payload]) -> str:
+    """The interface the program was compiled with (its tflm payloads record it; float32 without one)."""
+    ios = {p.meta.get("io", "float32") for p in payloads if p.backend == "tflm"}
+    return "int8" if ios == {"int8"} else "float32"
 
 
 def tensor_bytes(model: bytes) -> dict[str, int]:

@@ -32,7 +32,8 @@ from tflite.TensorType import TensorType as TflType
 
 from qlower.backends.global_means import GlobalMean, global_means
 from qlower.backends.litert.emit import NotExact, channel_shape, options, tflite_quant
-from qlower.backends.litert.export import _Export, _tfl_dtype
+from qlower.backends.litert.export import GEMMS, _Export, _tfl_dtype
+from qlower.backends.litert.flatbuffer import Quant
 from qlower.backends.tflm.kernels import MAX_INPUTS, first_refusal
 from qlower.backends.tflm.lookup import FLOAT_EXACT, WIDE_TABLE, lookup
 from qlower.errors import UnsupportedOpError
@@ -51,6 +52,7 @@ class TflmExport(_Export):
             if found is not None:
                 self.composed[id(mean.final)] = (mean, *found)
         self.skipped |= {id(o) for m, _, _ in self.composed.values() for o in (m.widen, m.pool)}
+        self.peak_floor = _peak_floor(self)
 
     def fused_gemm(self, rescale: Op) -> Op | None:
         # (LiteRT's asks any reader of a GEMM; a dynamic dequantize has no output spec to fuse)
@@ -64,6 +66,20 @@ class TflmExport(_Export):
         reason = first_refusal(self.b.writer, start)
         if reason is not None:
             raise NotExact(reason)
+
+
+def _peak_floor(ex: TflmExport) -> int:
+    """Bytes the model's arena holds at once whatever the plan: the most any op other than an average reads
+    and writes (a fused GEMM: its input and its rescale's output)."""
+    producers, best = ex.producers, 0
+    for op in ex.graph.ops:
+        if op.kind in ("constant", "avg_pool2d", *GEMMS) or id(op) in ex.skipped:
+            continue
+        gemm = ex.fused_gemm(op) if op.kind == "rescale" else None
+        reads = (gemm or op).input_values()
+        live = {v for v in reads if getattr(producers.get(v), "kind", None) != "constant"} | set(op.results)
+        best = max(best, sum(int(np.prod(v.shape, dtype=np.int64)) * v.type.dtype.numpy.itemsize for v in live))
+    return best
 
 
 # -- rescales and tables ---------------------------------------------------------------------------
@@ -159,6 +175,59 @@ def _window_sums(ex: TflmExport, x, centre: int, kernel, stride, name: str) -> i
     return b.cast(sums, "int32", f"{name}/acc")
 
 
+SLICE_TAIL = 512   # arena bytes a slice's three operators cost beyond the activations (measured, rounded up)
+
+
+def _plane_sums(ex: TflmExport, x, name: str) -> int | None:
+    """int32 sums of each channel's whole plane of ``x``'s raw int8 codes (zero point not removed), or None
+    when they may leave int16: TFLM's int16 SUM at scale 1 (its requantization by 1.0 is exact) of an
+    int16 copy, half the bytes of a float32 one. When even that copy beside ``x`` would outgrow the
+    model's own peak (``ex.peak_floor``), the plane is summed in slices of rows (``_row_chunks``)."""
+    lo, hi = ex.ranges.of(x)
+    n, h, w, c = x.type.shape
+    if x.dtype is not DType.INT8 or h * w * lo < -2**15 or h * w * hi >= 2**15:
+        return None
+    b = ex.b
+    one = Quant((1.0,), (0,))   # (SUM requantizes by the ratio of its tensors' scales)
+    axes = b.const(f"{name}/axes", np.asarray([1, 2], np.int32), "int32")
+    sum_opts = options("ReducerOptions", KeepDims=True)
+    t, chunks = ex.value(x), _row_chunks(ex, x)
+    if len(chunks) == 1:
+        wide = b.cast(t, "int16", f"{name}/int16", one)
+        sums = b.op(B.SUM, [wide, axes], f"{name}/sums", (n, 1, 1, c), "int16", one, sum_opts)
+        return b.cast(sums, "int32", f"{name}/acc")
+    strides = b.const(f"{name}/strides", np.ones(4, np.int32), "int32")
+    parts = []
+    for i, (r0, r1) in enumerate(chunks):
+        begin = b.const(f"{name}/begin{i}", np.asarray([0, r0, 0, 0], np.int32), "int32")
+        end = b.const(f"{name}/end{i}", np.asarray([n, r1, w, c], np.int32), "int32")
+        rows = b.op(B.STRIDED_SLICE, [t, begin, end, strides], f"{name}/rows{i}", (n, r1 - r0, w, c), "int8",
+                    tflite_quant(x.type), options("StridedSliceOptions"))
+        wide = b.cast(rows, "int16", f"{name}/int16_{i}", one)
+        parts.append(b.op(B.SUM, [wide, axes], f"{name}/sums{i}", (n, 1, 1, c), "int16", one, sum_opts))
+    partial = b.op(B.CONCATENATION, parts, f"{name}/partial", (n, len(parts), 1, c), "int16", one,
+                   options("ConcatenationOptions", Axis=1))
+    sums = b.op(B.SUM, [partial, axes], f"{name}/sums", (n, 1, 1, c), "int16", one, sum_opts)
+    return b.cast(sums, "int32", f"{name}/acc")
+
+
+def _row_chunks(ex: TflmExport, x) -> list[tuple[int, int]]:
+    """Slices of ``x``'s rows to sum one by one: as many as make the arena smallest, counting the peak (``x``
+    beside the int8 and int16 copies of a slice, against the peak the model needs anyway) and each
+    slice's tail (``SLICE_TAIL``: its operators, tensors and kernel data). One slice is the whole plane."""
+    n, h, w, c = x.type.shape
+    whole = n * h * w * c
+
+    def arena(k: int) -> int:
+        rows = -(-h // k)
+        transient = 2 * whole if k == 1 else 3 * n * rows * w * c
+        return max(ex.peak_floor, whole + transient) + (0 if k == 1 else SLICE_TAIL * (k + 1))
+
+    best = min(range(1, min(h, MAX_INPUTS[B.CONCATENATION]) + 1), key=arena)
+    rows = -(-h // best)
+    return [(r, min(r + rows, h)) for r in range(0, h, rows)]
+
+
 def _sum_range(ex: TflmExport, x, taps: int) -> tuple[int, int]:
     lo, hi = ex.ranges.of(x)
     zp = x.type.quant.zero_point[0]
@@ -177,11 +246,53 @@ def _avg_pool(ex: TflmExport, op: Op) -> bool:
     if s_hi - s_lo + 1 > WIDE_TABLE or max(abs(s_lo), abs(s_hi)) >= FLOAT_EXACT:
         raise NotExact(f"the window sums span more than {WIDE_TABLE} integers")
     zp = x.type.quant.zero_point[0]
-    acc = _window_sums(ex, x, zp, op.attrs["kernel"], op.attrs["stride"], op.result.name)
     sums = np.arange(s_lo, s_hi + 1, dtype=np.int64)
     m = reciprocal_scale(np.asarray([taps]))
     table = np.clip(requant.apply_scale_32(sums, m.multiplier[0], m.shift[0]) + zp, x.dtype.min, x.dtype.max)
+    if _pooled(ex, op, x, table, s_lo, op.attrs["kernel"], op.attrs["stride"]):
+        return True
+    raw = _plane_sums(ex, x, op.result.name) if tuple(op.attrs["kernel"]) == x.type.shape[1:3] else None
+    if raw is not None:
+        lookup(ex, op, table, s_lo + taps * zp, index=raw)
+        return True
+    acc = _window_sums(ex, x, zp, op.attrs["kernel"], op.attrs["stride"], op.result.name)
     lookup(ex, op, table, s_lo, index=acc)
+    return True
+
+
+def tflm_average(raw: np.ndarray, taps: int) -> np.ndarray:
+    """TFLM's int8 AVERAGE_POOL_2D of windows of ``taps`` codes whose raw sums (zero point not removed) are
+    ``raw``: rounded half away from zero by C's integer division, clamped to int8."""
+    half = taps // 2
+    return np.clip(np.where(raw > 0, (raw + half) // taps, -((half - raw) // taps)), -128, 127)
+
+
+def _pooled(ex: TflmExport, op: Op, x, table: np.ndarray, s_lo: int, kernel, stride) -> bool:
+    """``op``'s result, ``table[S - s_lo]`` of each window's sum ``S`` of centered int8 codes, from TFLM's
+    own int8 AVERAGE_POOL_2D ``q`` (one operator, no wider copy of ``x``: the arena's peak in small models)
+    when the table is a function of ``q`` on every sum in range -- checked here, sum by sum -- then looked
+    up by ``q`` unless it is ``q`` itself. False (nothing written) when it is not."""
+    xq = x.type.quant
+    if x.dtype is not DType.INT8 or xq is None or xq.is_per_channel:
+        return False
+    taps = int(np.prod(kernel))
+    sums = np.arange(s_lo, s_lo + table.size, dtype=np.int64)
+    q = tflm_average(sums + taps * int(xq.zero_point[0]), taps)
+    by_q = np.full(256, np.iinfo(np.int64).min, np.int64)
+    by_q[q + 128] = table   # the last sum of each q wins; a function of q iff every sum agrees
+    if not np.array_equal(by_q[q + 128], table):
+        return False
+    b, name, (sh, sw) = ex.b, op.result.name, stride
+    own = tflite_quant(x.type)   # TFLM's pool writes its input's quantization
+    itself = np.array_equal(table, q) and own == tflite_quant(op.result.type)
+    pooled = b.op(B.AVERAGE_POOL_2D, [ex.value(x)], name if itself else f"{name}/pool", op.result.shape, "int8",
+                  own, options("Pool2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
+                                       FilterWidth=int(kernel[1]), FilterHeight=int(kernel[0])))
+    if itself:
+        ex.bind(op.result, pooled)
+    else:   # every q between the least and the greatest is some sum's (q moves by one step at most)
+        q_lo, q_hi = int(q.min()), int(q.max())
+        lookup(ex, op, by_q[q_lo + 128:q_hi + 129], q_lo, index=b.cast(pooled, "int32", f"{name}/q"))
     return True
 
 
@@ -221,8 +332,14 @@ def _mean_table(ex: TflmExport, mean: GlobalMean) -> tuple[np.ndarray, int] | No
 
 def _mean(ex: TflmExport, mean: GlobalMean, table: np.ndarray, s_lo: int) -> None:
     x = mean.widen.operands[0]
-    acc = _window_sums(ex, x, x.type.quant.zero_point[0], mean.pool.attrs["kernel"], (1, 1),
-                       mean.final.result.name)
+    if _pooled(ex, mean.final, x, table, s_lo, mean.pool.attrs["kernel"], (1, 1)):
+        return
+    zp, name = x.type.quant.zero_point[0], mean.final.result.name
+    raw = _plane_sums(ex, x, name)
+    if raw is not None:
+        lookup(ex, mean.final, table, s_lo + int(np.prod(mean.pool.attrs["kernel"])) * zp, index=raw)
+        return
+    acc = _window_sums(ex, x, zp, mean.pool.attrs["kernel"], (1, 1), name)
     lookup(ex, mean.final, table, s_lo, index=acc)
 
 

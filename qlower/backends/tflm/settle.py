@@ -21,9 +21,10 @@ from qlower.ir import Graph, copy_ops
 from qlower.partition.partitioner import _assign
 
 
-def settled_reasons(graph: Graph) -> dict[int, str]:
-    """id(op) -> why it stays on the host, such that every partition of the rest exports for TFLM."""
-    reasons = op_reasons(graph)
+def settled_reasons(graph: Graph, fixed: dict[int, str] | None = None) -> dict[int, str]:
+    """id(op) -> why it stays on the host, such that every partition of the rest exports for TFLM (``fixed``:
+    ops kept on the host whatever TFLM could do, with their reasons)."""
+    reasons = {**op_reasons(graph), **(fixed or {})}
     if not reasons:
         return reasons   # one partition, the whole graph: it exported above
     users, outputs = graph.users(), set(graph.outputs)
