@@ -3,6 +3,7 @@ line needs beyond them (``tflite_exact_kernels``, ``save_arrays``)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +17,10 @@ from qlower.ir.rewrite import apply_rewrites
 from qlower.program import Program
 
 DEFAULT_QUANT = QuantConfig()
+# torch.export, prepare_pt2e and convert_pt2e keep their dispatch-mode stack in process-wide state:
+# two threads tracing at once corrupt each other's capture. Tracing is serialized here (re-entrant:
+# auto_int16 measures sensitivity inside compile); import, passes and lowering run in parallel.
+TRACING = threading.RLock()
 
 
 def lower_graph(graph: Graph, target: str, threads: int | None = None, meta: dict | None = None,
@@ -76,13 +81,14 @@ def compile(model: Any, example_inputs: Sequence[Any], target: str = "reference"
     calibration = check_calibration(calibration if calibration is not None else [example_inputs], example_inputs)
     t0 = time.perf_counter()
     promoted = []
-    if quantized_form(model) is not None:  # quantized already (PT2E, QAT): its q/dq nodes taken as given
-        front = import_prequantized(model, example_inputs, quant, target)
-        quant = getattr(model, "qlower_quant", None) or quant
-    else:
-        if quant is not None and quant.auto_int16:
-            quant, promoted = promote_sensitive_layers(model, example_inputs, quant, calibration, progress)
-        front = capture_and_import(model, example_inputs, quant, calibration, progress=progress)
+    with TRACING:
+        if quantized_form(model) is not None:  # quantized already (PT2E, QAT): its q/dq nodes taken as given
+            front = import_prequantized(model, example_inputs, quant, target)
+            quant = getattr(model, "qlower_quant", None) or quant
+        else:
+            if quant is not None and quant.auto_int16:
+                quant, promoted = promote_sensitive_layers(model, example_inputs, quant, calibration, progress)
+            front = capture_and_import(model, example_inputs, quant, calibration, progress=progress)
     t1 = time.perf_counter()
     graph = default_pipeline(verify=verify_passes).run(front.graph)
     t2 = time.perf_counter()
@@ -163,7 +169,8 @@ def sensitivity(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | 
         batches, labels = [tuple(x[i:i + 1] for x in inputs) for i in range(count)], labels[:count]
     else:
         batches, labels = [tuple(b) for b in calibration][:limit], None
-    gm, batch = capture_switchable(model, example_inputs, quant, calibration, progress)
+    with TRACING:
+        gm, batch = capture_switchable(model, example_inputs, quant, calibration, progress)
     return measure_sensitivity(gm, batches, labels, batch=batch, progress=progress, model=type(model).__name__)
 
 
@@ -177,7 +184,8 @@ def prepare_qat(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | 
     compiles it with the learned scales, without calibration. See frontend/qat.py."""
     from qlower.frontend.qat import prepare_qat as prepare
 
-    return prepare(model, example_inputs, quant, calibration)
+    with TRACING:
+        return prepare(model, example_inputs, quant, calibration)
 
 
 def tflite_exact_kernels(program: Program) -> tuple[str, ...]:
