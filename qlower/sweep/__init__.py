@@ -13,13 +13,13 @@ import sys
 import types
 
 from qlower.sweep.cache import ResultCache
-from qlower.sweep.executors import LocalExecutor, Outcome, RayExecutor
+from qlower.sweep.executors import LocalExecutor, Outcome, RayExecutor, current_executor, use_executor
 from qlower.sweep.jobs import MEASURES, Job, grid, grid_from_text, load_spec
 from qlower.sweep.orchestrate import sweep
 from qlower.sweep.results import SweepResult
 
 __all__ = ["MEASURES", "Job", "LocalExecutor", "Outcome", "RayExecutor", "ResultCache", "SweepResult", "grid",
-           "grid_from_text", "load_spec", "sweep"]
+           "current_executor", "grid_from_text", "load_spec", "sweep", "use_executor"]
 
 
 class _CallableModule(types.ModuleType):

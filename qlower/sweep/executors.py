@@ -30,7 +30,8 @@ from typing import Any
 from qlower.errors import ConfigError
 
 # modules the fork server imports once, so that every job forked from it starts with them loaded
-PRELOAD = ["torch", "qlower.api", "qlower.verification", "qlower.zoo", "qlower.sweep.runner"]
+PRELOAD = ["torch", "qlower.api", "qlower.frontend.capture", "qlower.passes", "qlower.partition", "qlower.runtime",
+           "qlower.verification", "qlower.zoo", "qlower.sweep.runner"]
 
 
 @dataclass(frozen=True)
@@ -262,3 +263,30 @@ def make_executor(executor: Any = None, *, workers: int | None = None, ray: str 
     if ray:
         return RayExecutor(address=None if ray is True else str(ray))
     return LocalExecutor(workers=workers)
+
+
+_CURRENT: Any = None
+
+
+class use_executor:  # noqa: N801  (used as a function: ``with use_executor(LocalExecutor(2)):``)
+    """Within the ``with`` block, qlower's own fan-outs (``qlower.sensitivity``, ``auto_int16``) run their
+    per-layer measurements through ``executor`` instead of in series in this process."""
+
+    def __init__(self, executor: Any) -> None:
+        if executor is not None and not hasattr(executor, "map"):
+            raise ConfigError(f"use_executor takes a LocalExecutor or RayExecutor, got {type(executor).__name__}")
+        self.executor = executor
+
+    def __enter__(self) -> Any:
+        global _CURRENT
+        self.previous, _CURRENT = _CURRENT, self.executor
+        return self.executor
+
+    def __exit__(self, *exc: object) -> None:
+        global _CURRENT
+        _CURRENT = self.previous
+
+
+def current_executor() -> Any:
+    """The executor ``use_executor`` set (None: run in this process)."""
+    return _CURRENT

@@ -12,6 +12,10 @@ All switches off is the float model (BatchNorm folded); all on is the
 fake-quant model; one layer's switches on is that layer quantized alone. The
 lower a layer's output SQNR alone, the more its int8 quantization costs: those
 are the layers worth keeping at higher precision.
+
+Each layer's measurement is independent of the others: under ``qlower.sweep.use_executor(...)`` the
+layers are shared out among a sweep executor's workers (local processes or Ray tasks), each capturing
+the same graph again, with the same numbers as in series.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from qlower.verification.metrics import sqnr_db
 
 _QD = torch.ops.quantized_decomposed
 QUANTIZE = {_QD.quantize_per_tensor.default, _QD.quantize_per_tensor.tensor, _QD.quantize_per_channel.default}
+SOURCE = "qlower_sensitivity_source"   # GraphModule.meta: (model, example, quant, calibration) it was captured from
 DEQUANTIZE = {_QD.dequantize_per_tensor.default, _QD.dequantize_per_tensor.tensor, _QD.dequantize_per_channel.default}
 
 
@@ -240,42 +245,98 @@ def capture_switchable(model: nn.Module, example: tuple[torch.Tensor, ...], quan
     batch = len(calibration) if len(calibration) > 1 and batch_agnostic(model, calibration) else 1
     if batch > 1:
         stacked = chunks(calibration, batch)[0]
-        return capture(model, stacked, quant, [stacked], progress=progress, fold_weights=False).graph_module, batch
-    return capture(model, example, quant, calibration, progress=progress, fold_weights=False).graph_module, 1
+        gm = capture(model, stacked, quant, [stacked], progress=progress, fold_weights=False).graph_module
+    else:
+        gm = capture(model, example, quant, calibration, progress=progress, fold_weights=False).graph_module
+    # what a worker needs to capture the same graph again (a GraphModule of PT2E ops doesn't pickle)
+    gm.meta[SOURCE] = (model, tuple(example), quant, list(calibration))
+    return gm, batch
 
 
-@torch.no_grad()
-def measure_sensitivity(gm: GraphModule, inputs: Sequence[tuple[torch.Tensor, ...]], labels: np.ndarray | None = None,
-                        *, batch: int = 1, progress: bool = True, model: str = "") -> SensitivityReport:
-    """Rank the layers of the fake-quant graph ``gm`` (converted with ``fold_weights=False``, exported for
-    ``batch`` inputs at a time; switched here, in place) by the output SQNR each gives when quantized
-    alone, on the batch-1 ``inputs``."""
-    switches = add_switches(gm)
-    layers = group_layers(gm)
-    stacked = chunks(inputs, batch)
+def _runner(gm: GraphModule, switches: list[Switch], stacked: list, count: int):
+    """``run(on)``: the outputs of ``gm`` on the stacked inputs with the switches in ``on`` turned on."""
 
     def run(on: set[int]) -> np.ndarray:
         for i, switch in enumerate(switches):
             switch.on = i in on
         outs = [first_output(gm(*x)).detach().numpy().astype(np.float64) for x in stacked]
-        return np.concatenate(outs)[:len(inputs)]
+        return np.concatenate(outs)[:count]
 
-    def score(outs: np.ndarray) -> tuple[float, float | None]:
-        accuracy = None if labels is None else float(np.mean([top1(o) == y for o, y in zip(outs, labels)]))
-        return sqnr_db(reference, outs), accuracy
+    return run
 
+
+def _score(reference: np.ndarray, outs: np.ndarray, labels: np.ndarray | None) -> tuple[float, float | None]:
+    accuracy = None if labels is None else float(np.mean([top1(o) == y for o, y in zip(outs, labels)]))
+    return sqnr_db(reference, outs), accuracy
+
+
+@torch.no_grad()
+def measure_layers(task: tuple) -> list[tuple[float, float | None]]:
+    """A worker's share of the layers: capture the same switched graph again (from the model, its
+    quantization and calibration, as ``capture_switchable`` did) and score each layer's points alone.
+    The torch thread count is the caller's, so the float arithmetic, and the numbers, are the same."""
+    source, inputs, labels, batch, points, reference, threads = task
+    torch.set_num_threads(threads)
+    model, example, quant, calibration = source
+    gm, again = capture_switchable(model, example, quant, calibration, progress=False)
+    if again != batch:
+        raise RuntimeError(f"the graph captured again takes {again} inputs at once, the caller's {batch}")
+    run = _runner(gm, add_switches(gm), chunks(inputs, batch), len(inputs))
+    return [_score(reference, run(set(p)), labels) for p in points]
+
+
+@torch.no_grad()
+def measure_sensitivity(gm: GraphModule, inputs: Sequence[tuple[torch.Tensor, ...]], labels: np.ndarray | None = None,
+                        *, batch: int = 1, progress: bool = True, model: str = "", executor=None) -> SensitivityReport:
+    """Rank the layers of the fake-quant graph ``gm`` (converted with ``fold_weights=False``, exported for
+    ``batch`` inputs at a time; switched here, in place) by the output SQNR each gives when quantized
+    alone, on the batch-1 ``inputs``.
+
+    ``executor`` (default: the one ``qlower.sweep.use_executor`` set, else none) measures the layers
+    in its workers, a share each, when ``gm`` came from ``capture_switchable``; the numbers are the
+    ones measured here in series."""
+    from qlower.sweep.executors import current_executor
+
+    executor = executor if executor is not None else current_executor()
+    switches = add_switches(gm)
+    layers = group_layers(gm)
+    run = _runner(gm, switches, chunks(inputs, batch), len(inputs))
     with progress_bar(progress, total=len(layers) + 2, desc="sensitivity", unit="layer") as bar:
         reference = run(set())
         bar.update()
-        int8_sqnr, int8_accuracy = score(run(set(range(len(switches)))))
+        int8_sqnr, int8_accuracy = _score(reference, run(set(range(len(switches)))), labels)
         bar.update()
-        rows = []
-        for layer in layers:
-            sqnr, accuracy = score(run(set(layer.points)))
-            rows.append(LayerSensitivity(layer.name, layer.op, layer.source, sqnr, accuracy))
-            bar.update()
+        if executor is not None and SOURCE in gm.meta and len(layers) > 1:
+            scores = _fan_out(executor, gm.meta[SOURCE], inputs, labels, batch, layers, reference, bar)
+        else:
+            scores = []
+            for layer in layers:
+                scores.append(_score(reference, run(set(layer.points)), labels))
+                bar.update()
     for switch in switches:
         switch.on = True
+    rows = [LayerSensitivity(layer.name, layer.op, layer.source, sqnr, accuracy)
+            for layer, (sqnr, accuracy) in zip(layers, scores, strict=True)]
     rows.sort(key=lambda r: (r.sqnr_db, r.name))
-    fp32_accuracy = None if labels is None else score(reference)[1]
+    fp32_accuracy = None if labels is None else _score(reference, reference, labels)[1]
     return SensitivityReport(rows, len(inputs), int8_sqnr, fp32_accuracy, int8_accuracy, model)
+
+
+def _fan_out(executor, source: tuple, inputs: Sequence, labels: np.ndarray | None, batch: int, layers: list[Layer],
+             reference: np.ndarray, bar) -> list[tuple[float, float | None]]:
+    """The layers' scores measured by ``executor``'s workers, one share of the layers each (each share
+    pays one capture); a share that fails fails the measurement with the worker's reason."""
+    from qlower.errors import ExecutionError
+
+    shares = min(len(layers), max(1, executor.size))
+    bounds = [round(k * len(layers) / shares) for k in range(shares + 1)]
+    tasks = [(source, list(inputs), labels, batch, [layers[i].points for i in range(bounds[k], bounds[k + 1])],
+              reference, torch.get_num_threads()) for k in range(shares)]
+    scores: list = [None] * shares
+    for outcome in executor.map(measure_layers, tasks):
+        if not outcome.ok:
+            raise ExecutionError(f"sensitivity: a worker measuring layers {bounds[outcome.index]}.."
+                                 f"{bounds[outcome.index + 1] - 1} failed: {outcome.error}")
+        scores[outcome.index] = outcome.value
+        bar.update(len(outcome.value))
+    return [s for share in scores for s in share]
