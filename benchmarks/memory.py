@@ -11,7 +11,11 @@ weights) and that .tflite's smallest TFLM arena is found by the same search: the
 (``--litert-venv``, made on demand: litert-torch 0.10.0, then torch 2.13.0 again, the CPU build);
 when it can't be made or a conversion fails, the column says why.
 
-    python benchmarks/memory.py [--models tiny_cnn ...] [--targets tflm ...] [--size N] [--no-litert-torch]
+Target ``tflm/io=int8`` is ``tflm`` with its option ``io=int8``: the .tflite takes and returns the int8
+codes, as litert-torch's files do (like for like); plain ``tflm`` quantizes float32 inputs inside the file.
+
+    python benchmarks/memory.py [--models tiny_cnn ...] [--targets tflm tflm/io=int8 ...] [--size N]
+                                [--no-litert-torch]
 
 Output: benchmarks/results/memory.json.
 """
@@ -36,7 +40,7 @@ HERE = Path(__file__).resolve().parent
 VENV = HERE / "results" / "litert-torch-venv"
 LITERT_TORCH, TORCH = "litert-torch==0.10.0", "torch==2.13.0"
 MODELS = ["tiny_cnn", "digits_cnn", "ds_cnn_kws", "mobilenet_v2", "resnet18"]
-TARGETS = ["tflm", "ethos-u55-128", "ethos-u85-256"]
+TARGETS = ["tflm", "tflm/io=int8", "ethos-u55-128", "ethos-u85-256"]
 
 
 def _load(name: str, size: int | None):
@@ -45,7 +49,10 @@ def _load(name: str, size: int | None):
 
 def measure(name: str, target: str, size: int | None) -> dict:
     model, example, cfg, calibration = _load(name, size)
-    prog = qlower.compile(model, example, target=target, quant=cfg, calibration=calibration, progress=False)
+    target_name, _, option = target.partition("/")
+    options = dict([option.split("=", 1)]) if option else None
+    prog = qlower.compile(model, example, target=target_name, quant=cfg, calibration=calibration, progress=False,
+                          backend_options=options)
     total: dict[str, int] = {}
     for _, kinds in prog.device_memory().values():
         for kind, n in kinds.items():
@@ -129,14 +136,14 @@ def main() -> None:
                 row = measure(name, target, args.size)
             except Exception as e:  # noqa: BLE001 - a row of the table
                 row = {"model": name, "target": target, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-            if target == "tflm":
+            if target.startswith("tflm"):
                 row["litert_torch"] = lt
             rows.append(row)
             if "error" in row:
                 print(f"| {name} | {target} | failed: {row['error']} |||||||", flush=True)
                 continue
             versus = ""
-            if target == "tflm":
+            if target.startswith("tflm"):
                 if "arena" in lt:
                     d = row["arena"] - lt["arena"]
                     versus = f"{d:+,} B ({'at or below' if d <= 0 else 'ABOVE'})"
@@ -144,7 +151,7 @@ def main() -> None:
                     versus = lt["error"]
             print(f"| {name} | {target} | {row['partitions']} | {row['host_ops']} | {_n(row.get('arena'))} | "
                   f"{_n(row.get('flash'))} | {_n(row.get('sram'))} | "
-                  f"{_n(lt.get('arena')) if target == 'tflm' else ''} | {versus} |", flush=True)
+                  f"{_n(lt.get('arena')) if target.startswith('tflm') else ''} | {versus} |", flush=True)
     args.json.parent.mkdir(exist_ok=True)
     args.json.write_text(json.dumps({"size": args.size, "litert_torch": litert_note or LITERT_TORCH,
                                      "load": os.getloadavg(), "rows": rows}, indent=1))

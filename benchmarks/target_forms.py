@@ -12,7 +12,7 @@ is classed:
   with its own form, the form within its declared bounds op by op);
 - ``unexplained``: anything else (the goal: none); ``failed``: the compile or run raised.
 
-    python benchmarks/target_forms.py [--targets litert ethos-u55-128] [--size 32] [--ops] [--zoo]
+    python benchmarks/target_forms.py [--targets litert tflm ethos-u55-128] [--size 32] [--ops] [--zoo]
                                       [--out results.jsonl]
 """
 
@@ -88,7 +88,7 @@ def zoo_cases(size: int):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--targets", nargs="+", default=["litert", "ethos-u55-128", "ethos-u85-256"])
+    ap.add_argument("--targets", nargs="+", default=["litert", "tflm", "ethos-u55-128", "ethos-u85-256"])
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--ops", action="store_true", help="the op catalogue (default: both)")
     ap.add_argument("--zoo", action="store_true", help="the zoo (default: both)")
