@@ -66,6 +66,50 @@ def dataset() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     return x[idx_train], y[idx_train], x[idx_test], y[idx_test]
 
 
+HARD_SEED = 2811  # the digits-hard distortion's draws
+HARD_COPIES = 2  # distorted copies of each held-out image
+
+
+def distort(x: torch.Tensor, seed: int = HARD_SEED, *, rotate: float = 2.0, scale: float = 0.03, shear: float = 0.03,
+            shift: float = 0.0, noise: float = 0.15, occlude: float = 0.25) -> torch.Tensor:
+    """``x`` ``[N, C, H, W]`` (background -1, ink +1) under a fixed random distortion per image, drawn from
+    ``seed``: an affine map (rotation up to ``rotate`` degrees, scale ``1 ± scale``, shear, shift by up to
+    ``shift`` of the size; outside the image is background), Gaussian noise of std ``noise``, and a
+    rectangle of background-to-ink grey covering up to ``occlude`` of each side at a random place.
+    Deterministic: the same images and seed give the same result on every machine (one private generator,
+    CPU bilinear sampling)."""
+    g = torch.Generator().manual_seed(seed)
+    n, c, h, w = x.shape
+
+    def uniform(lo: float, hi: float) -> torch.Tensor:
+        return lo + (hi - lo) * torch.rand(n, generator=g, dtype=torch.float64)
+
+    angle = torch.deg2rad(uniform(-rotate, rotate))
+    zoom = uniform(1 - scale, 1 + scale)
+    sh = uniform(-shear, shear)
+    tx, ty = uniform(-2 * shift, 2 * shift), uniform(-2 * shift, 2 * shift)  # in [-1, 1] grid units
+    cos, sin = torch.cos(angle) / zoom, torch.sin(angle) / zoom
+    theta = torch.stack([torch.stack([cos, -sin + sh, tx], 1), torch.stack([sin, cos, ty], 1)], 1).float()
+    grid = F.affine_grid(theta, [n, c, h, w], align_corners=False)
+    out = F.grid_sample(x + 1, grid, mode="bilinear", padding_mode="zeros", align_corners=False) - 1
+    out = out + noise * torch.randn(out.shape, generator=g)
+    bh, bw = (uniform(0.15, occlude) * h).ceil().long(), (uniform(0.15, occlude) * w).ceil().long()
+    y0 = (torch.rand(n, generator=g, dtype=torch.float64) * (h - bh + 1)).long()
+    x0 = (torch.rand(n, generator=g, dtype=torch.float64) * (w - bw + 1)).long()
+    grey = uniform(-1, 1).float()
+    rows, cols = torch.arange(h), torch.arange(w)
+    box = (((rows >= y0[:, None]) & (rows < (y0 + bh)[:, None]))[:, :, None]
+           & ((cols >= x0[:, None]) & (cols < (x0 + bw)[:, None]))[:, None, :])[:, None]
+    out = torch.where(box, grey[:, None, None, None], out)
+    return out.clamp(-1.5, 1.5).contiguous()
+
+
+def hard_split(x_test: torch.Tensor, y_test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """digits-hard: ``HARD_COPIES`` distorted copies of each held-out image (``distort``), and their labels."""
+    xs = [distort(x_test, HARD_SEED + k) for k in range(HARD_COPIES)]
+    return torch.cat(xs), y_test.repeat(HARD_COPIES)
+
+
 def cache_path() -> Path:
     """Where the trained weights live (versioned file name)."""
     return cache_dir() / f"digits_cnn-v{CACHE_VERSION}.safetensors"
