@@ -101,3 +101,42 @@ def test_tosa_form_is_exact_on_the_reference_model(d):
     np.testing.assert_array_equal(got, want)
     # without the option the plain INTDIV stays
     assert "INTDIV" in TosaBackend().lower(g, "tosa-1.0+int").meta["tosa_ops"]
+
+
+# -- narrow int16 lookups as int8 TABLEs -------------------------------------------------------
+
+@pytest.mark.parametrize("lowest, entries, offset", [
+    (-255, np.arange(256) * 128, 255),                                        # softmax's exp: 2 bytes
+    (-100, RNG.integers(-2**23, 2**23, 201), 100),                            # 3 bytes, negative entries
+    (0, np.full(60, -7), 0),                                                  # constant: 1 byte
+    (-100, RNG.integers(2**30, 2**30 + 255, 256), 128),                       # far from 0, codes within the table
+])
+def test_byte_tables_are_exact_on_the_reference_model(lowest, entries, offset):
+    entries = np.asarray(entries, np.int32)
+    highest = min(lowest + 200, entries.size - 1 - offset)
+    b = GraphBuilder("lookup")
+    x = b.input("x", TensorType((1, 700), DType.INT16, QuantSpec(DType.INT16, (0.1,), (0,), lowest, highest)))
+    out = QuantSpec.per_tensor(1e-5, 0, DType.INT32)
+    g = verify_graph(b.build([b.op("table", x, table=entries, offset=offset, out=out, name="t")]))
+    # every declared code, and codes beyond the range (an input may hold them: nearest entry)
+    codes = np.concatenate([np.arange(lowest, highest + 1), [-32768, 32767, lowest - 1, highest + 1],
+                            RNG.integers(-32768, 32768, 700)])[:700]
+    xs = [codes[None, :].astype(np.int16)]
+    backend = TosaBackend(byte_tables=True)
+    payload = backend.lower(g, "tosa-1.0+int")
+    assert "GATHER" not in payload.meta["tosa_ops"] and payload.meta["tosa_ops"]["TABLE"] >= 1
+    (got,) = backend.execute(payload, xs)
+    (want,) = run_graph(g, xs)
+    np.testing.assert_array_equal(want, entries[np.clip(codes + offset, 0, entries.size - 1)][None, :])
+    np.testing.assert_array_equal(got, want)
+    assert "GATHER" in TosaBackend().lower(g, "tosa-1.0+int").meta["tosa_ops"]
+
+
+@pytest.mark.parametrize("size, entries", [(257, np.arange(257)), (200, np.arange(200) * 2**23)])
+def test_byte_tables_leave_wide_lookups_to_gather(size, entries):
+    """More than 256 entries, or entries spanning more than 3 bytes: a GATHER."""
+    b = GraphBuilder("wide")
+    x = b.input("x", TensorType((1, 8), DType.INT16, QuantSpec(DType.INT16, (1.0,), (0,), 0, size - 1)))
+    g = verify_graph(b.build([b.op("table", x, table=entries.astype(np.int32), offset=0,
+                                   out=QuantSpec.per_tensor(1.0, 0, DType.INT32))]))
+    assert "GATHER" in TosaBackend(byte_tables=True).lower(g, "tosa-1.0+int").meta["tosa_ops"]

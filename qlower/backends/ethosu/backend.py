@@ -174,13 +174,14 @@ def top_layers(rows: list[dict[str, Any]], total: int, count: int = 5) -> list[s
     return lines
 
 
-def _lower_unvalidated(graph: Graph) -> tuple[bytes, list[str]]:
+def _lower_unvalidated(graph: Graph, divider_free: bool = True) -> tuple[bytes, list[str]]:
     """TOSA bytes (and operator names) of a one-op graph for a verdict. tosa-opt validation
     (a subprocess, ~0.1 s) is skipped: Vela validates its TOSA input itself."""
     from qlower.backends.tosa.lowering import emit_tosa
     from qlower.backends.tosa.support import profile_for
 
-    writer = emit_tosa(graph, profile_for(TOSA_PROFILE), divide_by_multiply=True).writer
+    writer = emit_tosa(graph, profile_for(TOSA_PROFILE), divide_by_multiply=divider_free,
+                       byte_tables=divider_free).writer
     return writer.serialize(), sorted(writer.op_counts())
 
 
@@ -199,7 +200,9 @@ class EthosUBackend(TosaConsumer):
     (defaults: Vela's own per family), ``per_layer`` (default on) for Vela's per-operator
     estimate in the payload meta, each row with its IR value and the model's source line, Vela's ``optimise`` goal ("Performance" or "Size"),
     ``widen_channels`` (default on: runs of convolutions get zero channels where Vela costs them
-    lower, see channels.py), and ``trace`` to keep the TOSA backend's trace graph
+    lower, see channels.py), ``divider_free`` (default on: an intdiv by a constant and a narrow int16
+    lookup in TOSA forms without INTDIV and GATHER, which U55/U65 lack, see tosa/division.py), and
+    ``trace`` to keep the TOSA backend's trace graph
     (``blobs["trace.tosa"]``) so that the simulated run can report every intermediate tensor for
     per-layer comparison."""
 
@@ -232,10 +235,11 @@ class EthosUBackend(TosaConsumer):
 
     def __init__(self, system_config: str | None = None, memory_mode: str | None = None,
                  per_layer: bool = True, optimise: Literal["Performance", "Size"] = "Performance", trace: bool = False,
-                 widen_channels: bool = True) -> None:
+                 widen_channels: bool = True, divider_free: bool = True) -> None:
         check_arguments("ethos-u", type(self), system_config=system_config, memory_mode=memory_mode,
                         per_layer=per_layer, optimise=optimise, trace=trace, widen_channels=widen_channels)
         self.system_config, self.memory_mode = system_config, memory_mode
+        self.divider_free = divider_free
         self.per_layer, self.optimise, self.trace = per_layer, optimise, trace
         self.widen_channels = widen_channels
         self.facts = GraphFacts()
@@ -246,8 +250,9 @@ class EthosUBackend(TosaConsumer):
     @functools.cached_property
     def tosa(self) -> TosaBackend:
         """The TOSA lowering Vela reads: an ``intdiv`` by a constant as multiplies and shifts
-        (Vela runs no INTDIV on U55/U65; tosa/division.py proves the form exact)."""
-        return TosaBackend(divide_by_multiply=True)
+        (Vela runs no INTDIV on U55/U65; tosa/division.py proves the form exact) and a narrow
+        int16 lookup (softmax's exponentials) as int8 TABLEs, Vela's LUTs (no GATHER on U55)."""
+        return TosaBackend(divide_by_multiply=self.divider_free, byte_tables=self.divider_free)
 
     def rewrites(self, target: str) -> tuple[Rewrite, ...]:
         """Each mean over H and W Vela can take only as a sum, then each mean and each int16 lookup, in
@@ -268,7 +273,8 @@ class EthosUBackend(TosaConsumer):
 
     def supports(self, op: Op, target: str) -> Verdict:
         return ethosu_verdict(op, self.config(target), self.facts,
-                              lambda o: self.tosa.supports(o, TOSA_PROFILE), _lower_unvalidated)
+                              lambda o: self.tosa.supports(o, TOSA_PROFILE),
+                              lambda g: _lower_unvalidated(g, self.divider_free), variant=self.divider_free)
 
     def lower(self, subgraph: Graph, target: str, trace: bool = False) -> Payload:
         """TOSA-1.0+INT lowering, then Vela; with ``trace`` (or the ``trace`` option) the payload

@@ -141,9 +141,11 @@ TosaVerdict = Callable[[Op], Verdict]
 _CACHE: dict[tuple[Hashable, Hashable], Verdict] = {}
 
 
-def vela_verdict(op: Op, config: VelaConfig, facts: GraphFacts, lower: LowerToTosa) -> Verdict:
-    """Vela's verdict on ``op`` alone (step 3 of the module docstring), cached."""
-    key = ((config.accelerator, config.system_config, config.memory_mode), signature(op, facts))
+def vela_verdict(op: Op, config: VelaConfig, facts: GraphFacts, lower: LowerToTosa,
+                 variant: Hashable = None) -> Verdict:
+    """Vela's verdict on ``op`` alone (step 3 of the module docstring), cached; ``variant`` names
+    the TOSA forms ``lower`` writes (part of the cache key)."""
+    key = ((config.accelerator, config.system_config, config.memory_mode, variant), signature(op, facts))
     if key in _CACHE:
         return _CACHE[key]
     try:
@@ -180,7 +182,7 @@ def vela_crash(op: Op, config: VelaConfig) -> str | None:
 
 
 def ethosu_verdict(op: Op, config: VelaConfig, facts: GraphFacts, tosa_verdict: TosaVerdict,
-                   lower: LowerToTosa) -> Verdict:
+                   lower: LowerToTosa, variant: Hashable = None) -> Verdict:
     """The Ethos-U backend's answer for ``op`` (the three steps of the module docstring)."""
     tosa = tosa_verdict(op)
     if not tosa:
@@ -190,4 +192,4 @@ def ethosu_verdict(op: Op, config: VelaConfig, facts: GraphFacts, tosa_verdict: 
     crash = vela_crash(op, config)
     if crash is not None:
         return Verdict.no(crash)
-    return vela_verdict(op, config, facts, lower)
+    return vela_verdict(op, config, facts, lower, variant)

@@ -28,14 +28,15 @@ TRACE_BLOB = "trace.tosa"
 
 
 class TosaBackend(Backend):
-    """Options: ``divide_by_multiply`` writes an ``intdiv`` by a constant without INTDIV, as
-    multiplies and shifts (division.py), for accelerators without a divider (Ethos-U55/U65)."""
+    """Options for accelerators without a divider or a gather (Ethos-U55/U65): ``divide_by_multiply``
+    writes an ``intdiv`` by a constant as multiplies and shifts (division.py), ``byte_tables`` an
+    int16 -> int32 lookup over at most 256 codes as int8 TABLEs (lower_elementwise.py)."""
 
     name = "tosa"
     targets = tuple(PROFILES)
 
-    def __init__(self, divide_by_multiply: bool = False) -> None:
-        self.divide_by_multiply = divide_by_multiply
+    def __init__(self, divide_by_multiply: bool = False, byte_tables: bool = False) -> None:
+        self.divide_by_multiply, self.byte_tables = divide_by_multiply, byte_tables
 
     def supports(self, op: Op, target: str) -> Verdict:
         reason = check(op, profile_for(target))
@@ -58,7 +59,7 @@ class TosaBackend(Backend):
     def _emit(self, subgraph: Graph, target: str, trace: bool) -> tuple[Payload, Lowered]:
         """The payload ``lower`` returns, before validation (deterministic: same graph, same bytes)."""
         profile = profile_for(target)
-        lowered = emit_tosa(subgraph, profile, self.divide_by_multiply)
+        lowered = emit_tosa(subgraph, profile, self.divide_by_multiply, self.byte_tables)
         writer = lowered.writer
         blobs = {GRAPH_BLOB: writer.serialize()}
         meta = {

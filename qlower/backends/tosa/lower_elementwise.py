@@ -136,6 +136,46 @@ def _table_256(table: np.ndarray, offset: int, out_np: type) -> np.ndarray:
     return table[idx].astype(out_np)
 
 
+MAX_TABLE_BYTES = 3   # byte j is scaled by 2**(8j) in a RESCALE: multiplier 2**30, shift 30 - 8j >= 9
+
+
+def _byte_tables(lw: Lowerer, x: Tensor, table: np.ndarray, offset: int, out_dtype: object) -> Tensor | None:
+    """An int16 -> int32 lookup in a table of at most 256 entries as int8 TABLEs, the LUTs Vela
+    runs on every Ethos-U (it has no GATHER on U55), or None when it doesn't fit.
+
+    The codes move into int8 by a ratio-1 RESCALE whose output zero point puts the table's first
+    entry at -128; codes beyond the table saturate to its ends, the nearest entry, as the IR's
+    table reads them (so any int16 input is looked up exactly). The entries, minus ``base``, are
+    written in ``k`` bytes (two's complement, the top one signed), one int8 TABLE per byte; each
+    byte is widened to int32 and scaled by ``2**(8j)`` with an exact RESCALE (``(b * 2**30 +
+    2**(s-1)) >> s``, ``s = 30 - 8j``: ``b * 2**(8j)`` plus a rounding term below one), summed,
+    and ``base`` added back: exactly the entry."""
+    out_zp = offset - 128                       # code -offset reads entry 0
+    if x.dtype != DT.INT16 or out_dtype != DT.INT32 or table.size > 256 or not -128 <= out_zp <= 127:
+        return None
+    values = table[np.minimum(np.arange(256), table.size - 1)].astype(np.int64)
+    span = int(values.max() - values.min())
+    k = max(1, -(-span.bit_length() // 8))
+    if k > MAX_TABLE_BYTES:
+        return None
+    half = 1 << (8 * k - 1)
+    base = int(values.min()) + half
+    if not dtype_range(DT.INT32)[0] <= base <= dtype_range(DT.INT32)[1]:
+        return None
+    signed = values - base                      # in [-half, half): k bytes, two's complement
+    codes = lw.rescale(x, requant.quantize_multiplier(1.0), 0, out_zp, DT.INT8)
+    total = None
+    for j in range(k):
+        top = j == k - 1
+        byte = signed >> (8 * j) if top else (signed >> (8 * j)) & 255
+        stored = byte if top else byte - 128    # int8 entries; unsigned bytes read back with zero point -128
+        lut = lw.emit(Op_.TABLE, [codes, lw.w.const(stored.astype(np.int8), DT.INT8)], x.shape, DT.INT8, attr("Table"))
+        scale = requant.Multiplier(np.array([2**30], np.int64), np.array([30 - 8 * j], np.int64))
+        part = lw.rescale(lut, scale, 0 if top else -128, 0, DT.INT32)
+        total = part if total is None else lw.emit(Op_.ADD, [total, part], x.shape, DT.INT32, attr("Add"))
+    return lw.add_const(total, base)
+
+
 @lowering("table")
 def _table(lw: Lowerer, op: Op) -> Tensor:
     xv = op.operands[0]
@@ -146,6 +186,10 @@ def _table(lw: Lowerer, op: Op) -> Tensor:
     if x.dtype == DT.INT8 and out_dtype == DT.INT8:
         t256 = lw.w.const(_table_256(table, offset, out_np), DT.INT8)
         return lw.emit(Op_.TABLE, [x, t256], x.shape, DT.INT8, attr("Table"))
+    if lw.byte_tables:
+        split = _byte_tables(lw, x, table, offset, out_dtype)
+        if split is not None:
+            return split
     # GATHER(values [1, K, 1], indices [1, W]) -> [1, W, 1]
     idx = lw.clamp(lw.cast(x, DT.INT32), -offset, table.size - 1 - offset)
     idx = lw.add_const(idx, offset)

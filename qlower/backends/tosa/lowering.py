@@ -54,10 +54,12 @@ def describe(op: Op) -> str:
 class Lowerer:
     """State of one lowering: the writer and the TOSA tensor of every IR value."""
 
-    def __init__(self, graph: Graph, profile: Profile, divide_by_multiply: bool = False) -> None:
+    def __init__(self, graph: Graph, profile: Profile, divide_by_multiply: bool = False,
+                 byte_tables: bool = False) -> None:
         self.graph = graph
         self.profile = profile
         self.divide_by_multiply = divide_by_multiply   # intdiv by a constant without INTDIV (division.py)
+        self.byte_tables = byte_tables                 # narrow int16 lookups as int8 TABLEs, not GATHER
         self.w = GraphWriter()
         self.env: dict[Value, Tensor] = {}
 
@@ -212,15 +214,17 @@ def unsupported(op: Op, profile: Profile) -> UnsupportedOpError | None:
     return UnsupportedOpError(f"{describe(op)} can't be lowered to {profile.spec}: {reason}")
 
 
-def emit_tosa(graph: Graph, profile: Profile, divide_by_multiply: bool = False) -> Lowered:
+def emit_tosa(graph: Graph, profile: Profile, divide_by_multiply: bool = False,
+              byte_tables: bool = False) -> Lowered:
     """Emit ``graph`` as one TOSA 1.0 graph (inputs and outputs in the graph's order); with
-    ``divide_by_multiply``, an ``intdiv`` by a constant is written without INTDIV (division.py)."""
+    ``divide_by_multiply``, an ``intdiv`` by a constant is written without INTDIV (division.py),
+    with ``byte_tables`` an int16 -> int32 lookup over at most 256 codes as int8 TABLEs."""
     # constants last: a float weight is better reported through the op that reads it
     for op in sorted(graph.ops, key=lambda op: op.kind == "constant"):
         err = unsupported(op, profile)
         if err is not None:
             raise err
-    lw = Lowerer(graph, profile, divide_by_multiply)
+    lw = Lowerer(graph, profile, divide_by_multiply, byte_tables)
     for v in graph.inputs:
         lw.env[v] = lw.w.input(v.shape, tosa_dtype(v.dtype))
     for op in graph.ops:
