@@ -178,7 +178,8 @@ class RayExecutor:
     """Jobs as Ray tasks: on the cluster at ``address`` (``"auto"``: the one this machine belongs to;
     None: the one already initialised in this process, else a local one). A task whose worker dies is
     retried ``retries`` times, then failed with Ray's reason; an exception inside a job is not retried
-    (it would fail the same way). ``resources(item)`` gives an item's task hints, default 1 CPU."""
+    (it would fail the same way). ``resources(item)`` gives an item's task hints (default: its job's
+    ``resources``, else 1 CPU)."""
 
     address: str | None = None
     retries: int = 2
@@ -215,7 +216,7 @@ class RayExecutor:
         task = ray.remote(_ray_call)
         refs = {}
         for i, item in enumerate(items):
-            hints = dict(self.resources(item) if self.resources else {})
+            hints = dict(self.resources(item) if self.resources else job_resources(item))
             options = {"num_cpus": hints.pop("num_cpus", 1), "max_retries": self.retries, "retry_exceptions": False}
             for key in ("memory", "num_gpus"):
                 if key in hints:
@@ -243,6 +244,14 @@ class RayExecutor:
         finally:
             for ref in pending:
                 ray.cancel(ref, force=True)
+
+
+def job_resources(item: Any) -> dict[str, Any]:
+    """A sweep item's resource hints: its job's ``resources`` (an item is a job, or a tuple led by one)."""
+    from qlower.sweep.jobs import Job
+
+    job = item[0] if isinstance(item, tuple) and item else item
+    return dict(job.resources) if isinstance(job, Job) else {}
 
 
 def _ray_call(fn: Callable, item: Any) -> tuple[bool, Any]:
