@@ -64,10 +64,16 @@ def _child(conn, fn: Callable, item: Any, threads: int | None) -> None:
     except BaseException as e:  # noqa: BLE001  (everything a job raises is its row's reason)
         result = (False, describe_exception(e))
     try:
-        conn.send(result)
-    except Exception as e:  # noqa: BLE001  (an unpicklable result)
-        conn.send((False, f"the job's result could not be sent back: {describe_exception(e)}"))
-    conn.close()
+        try:
+            conn.send(result)
+        except (BrokenPipeError, ConnectionError):
+            return   # the sweep is gone (interrupted): nobody to answer
+        except Exception as e:  # noqa: BLE001  (an unpicklable result)
+            conn.send((False, f"the job's result could not be sent back: {describe_exception(e)}"))
+    except (BrokenPipeError, ConnectionError):
+        return
+    finally:
+        conn.close()
 
 
 def death_reason(exitcode: int | None) -> str:
