@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from qlower.backends.cpu import gemm, prepare
-from qlower.errors import ExecutionError
+from qlower.errors import ExecutionError, VerificationError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
 from qlower.testing.cpu_checks import assert_cpu_matches_reference
@@ -164,7 +164,9 @@ def test_accumulator_overflow_raises_like_the_reference():
     y = b.op("rescale", acc, out=QuantSpec.per_tensor(2.0**20, 0), name="y")
     inputs = [np.full((1, 1, 1, 1), 127, np.int8)]  # (127 + 128) * 127 + 2**31 - 100 > 2**31 - 1
     for outputs in ([acc], [y]):
-        graph = verify_graph(b.build(outputs))
+        graph = b.build(outputs)
+        with pytest.raises(VerificationError, match="beyond the int32 accumulator"):   # refused statically too
+            verify_graph(graph)
         with pytest.raises(ExecutionError, match="overflow"):
             run_graph(graph, inputs)
         for cfg in ({}, {"native": False}, {"gemm_engine": "float64"}):

@@ -47,7 +47,7 @@ def _conv_graph(acc_quant):
 
 def test_rules_table_lists_the_documented_rules():
     assert list(RULES) == ["ssa", "complete-types", "integers-are-quantized", "quant-spec-valid",
-                           "types-match-registry"]
+                           "types-match-registry", "runnable"]
 
 
 # -- valid graphs pass ------------------------------------------------------------------

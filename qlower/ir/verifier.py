@@ -10,11 +10,14 @@ rule and the builder can never drift apart.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable, Iterator
+
+import numpy as np
 
 from qlower.errors import IRError, VerificationError
 from qlower.ir.dtypes import DType
-from qlower.ir.graph import Graph, TensorType, Value
+from qlower.ir.graph import Graph, Op, TensorType, Value
 from qlower.ir.opdefs import OPS, infer_types, normalize_attrs
 from qlower.registry import Registry
 
@@ -138,6 +141,193 @@ def _types_match(graph: Graph) -> Iterator[str]:
         for r, t in zip(op.results, expected):
             if r.type != t:
                 yield f"{op.kind} result {_where(r)} has type {r.type}, the registry infers {t}"
+
+
+# -- what every target can run: the reference's static conditions, one rule for all -------------
+#
+# A graph that type inference accepts can still ask for what the reference refuses at run time
+# or what a target's kernel would compute differently (a clamp bound that an int8 kernel stores
+# wrapped, a negative dilation, a bias that takes the int32 accumulator past its range). Every
+# condition the reference would check on the graph alone is checked here, once, so that all
+# targets refuse such a graph together (at compile, at save and at load). The reference's
+# kernels call the same functions (``gemm_exact_problem``).
+
+INT32 = DType.INT32
+_EXACT_FLOAT_BOUND = 2**53
+
+
+def max_centered(t: TensorType) -> int:
+    """The largest ``|code - zero point|`` a quantized type admits (over its dtype's whole range)."""
+    q = t.quant
+    return max(max(abs(t.dtype.min - zp), abs(t.dtype.max - zp)) for zp in q.zero_point)
+
+
+def span(t: TensorType) -> int:
+    """The largest ``|code - zero point|`` a quantized value holds (its [qmin, qmax])."""
+    q = t.quant
+    return max(max(abs(q.qmin - zp), abs(q.qmax - zp)) for zp in q.zero_point)
+
+
+def gemm_exact_problem(a: TensorType, b: TensorType, k: int) -> str | None:
+    """Why the reference can't prove a float64 sum of k products of these codes exact (it computes
+    integer GEMMs as float64 GEMMs: exact while every partial sum is an integer below 2**53)."""
+    if a.quant is None or b.quant is None:
+        return None
+    if k * max_centered(a) * max_centered(b) >= _EXACT_FLOAT_BOUND:
+        return (f"a sum of {k} products of {a.dtype.value} x {b.dtype.value} codes can't be proven exact "
+                "in float64")
+    return None
+
+
+Consts = dict  # Value -> the data of the constant op making it
+
+
+def _constant_data(v: Value | None, consts: Consts):
+    """The data of a value made by a ``constant`` op, else None."""
+    data = consts.get(v) if v is not None else None
+    return data if isinstance(data, np.ndarray) else None
+
+
+def _ints_at_least(op: Op, lo: int, *names: str) -> Iterator[str]:
+    for name in names:
+        vals = op.attrs.get(name)
+        if isinstance(vals, int) and not isinstance(vals, bool):
+            vals = (vals,)
+        if isinstance(vals, (tuple, list)) and any(not isinstance(e, int) or e < lo for e in vals):
+            yield f"{name} {tuple(vals)} must hold integers >= {lo}"
+
+
+def _within_dtype(x: object, t: TensorType, what: str) -> Iterator[str]:
+    """An attribute applied to integer codes: an integer within the dtype (a kernel stores it as one)."""
+    if not t.dtype.is_integer:
+        return
+    if not isinstance(x, int) or isinstance(x, bool):
+        yield f"{what} {x!r} must be an integer for {t.dtype.value} codes"
+    elif not t.dtype.min <= x <= t.dtype.max:
+        yield f"{what} {x} is outside {t.dtype.value} [{t.dtype.min}, {t.dtype.max}]"
+
+
+_L1_CACHE: dict[tuple[int, tuple[int, ...]], tuple[weakref.ref, np.ndarray]] = {}
+
+
+def _l1_per_channel(data: np.ndarray, zero_point: tuple[int, ...]) -> np.ndarray:
+    """sum |w - w_zp| per output channel (axis 0), int64; kept per weight array (the verifier runs after
+    every pass, the weights rarely change)."""
+    key = (id(data), tuple(zero_point))
+    hit = _L1_CACHE.get(key)
+    if hit is not None and hit[0]() is data:
+        return hit[1]
+    codes = np.abs(data.astype(np.int64) - np.asarray(zero_point, np.int64).reshape((-1,) + (1,) * (data.ndim - 1)))
+    l1 = codes.reshape(codes.shape[0], -1).sum(axis=1) if data.ndim else codes.reshape(1)
+    if len(_L1_CACHE) > 4096:
+        _L1_CACHE.clear()
+    try:
+        _L1_CACHE[key] = (weakref.ref(data), l1)
+    except TypeError:   # an array that can't be referenced weakly: not kept
+        pass
+    return l1
+
+
+def _accumulator_fits(op: Op, consts: Consts) -> Iterator[str]:
+    """conv2d / fully_connected on codes with a constant weight: no input can take the sum of products
+    plus the bias beyond the int32 accumulator (the reference refuses such a sum, an int32 kernel wraps
+    it). The bound per output channel: sum |w - w_zp| * the input's largest |x - x_zp|, plus |bias|."""
+    x, w = op.operands[0], op.operands[1]
+    bias = op.operands[2] if len(op.operands) > 2 else None
+    if x.type.quant is None or w.type.quant is None:
+        return
+    wdata = _constant_data(w, consts)
+    if wdata is None:
+        return
+    worst = _l1_per_channel(wdata, w.type.quant.zero_point) * span(x.type)
+    if bias is not None:
+        bdata = _constant_data(bias, consts)
+        if bdata is None:
+            return
+        worst = worst + np.abs(bdata.astype(np.int64).reshape(-1))
+    if worst.size and int(worst.max()) > INT32.max:
+        yield (f"its sum of products plus bias can reach {int(worst.max()):,}, beyond the int32 accumulator "
+               f"(output channel {int(worst.argmax())})")
+
+
+def _gemm(op: Op, consts: Consts) -> Iterator[str]:
+    a, b = op.operands[0].type, op.operands[1].type
+    k = {"conv2d": math.prod(b.shape[1:]), "fully_connected": b.shape[-1] if b.shape else 0,
+         "matmul": a.shape[-1] if a.shape else 0}[op.kind]
+    problem = gemm_exact_problem(a, b, k)
+    if problem:
+        yield problem
+    if op.kind != "matmul":
+        yield from _accumulator_fits(op, consts)
+
+
+def _conv2d(op: Op, consts: Consts) -> Iterator[str]:
+    yield from _ints_at_least(op, 1, "stride", "dilation", "groups")
+    yield from _ints_at_least(op, 0, "pad")
+    yield from _gemm(op, consts)
+
+
+def _pool(op: Op, consts: Consts) -> Iterator[str]:
+    yield from _ints_at_least(op, 1, "kernel", "stride")
+    yield from _ints_at_least(op, 0, "pad")
+
+
+def _clamp(op: Op, consts: Consts) -> Iterator[str]:
+    t = op.operands[0].type
+    yield from _within_dtype(op.attrs["min"], t, "min")
+    yield from _within_dtype(op.attrs["max"], t, "max")
+
+
+def _pad(op: Op, consts: Consts) -> Iterator[str]:
+    yield from _ints_at_least(op, 0, "pads")
+    yield from _within_dtype(op.attrs["value"], op.operands[0].type, "value")
+
+
+def _table(op: Op, consts: Consts) -> Iterator[str]:
+    out, table = op.attrs["out"], op.attrs["table"]
+    if isinstance(table, np.ndarray) and table.size and table.dtype.kind in "iu" and out.dtype.is_integer \
+            and (int(table.min()) < out.dtype.min or int(table.max()) > out.dtype.max):
+        yield f"its table holds values outside {out.dtype.value}"
+
+
+def _intdiv(op: Op, consts: Consts) -> Iterator[str]:
+    data = _constant_data(op.operands[1], consts)
+    if data is not None and np.any(np.asarray(data) == 0):
+        yield "divides by a constant zero"
+
+
+def _gather(op: Op, consts: Consts) -> Iterator[str]:
+    data, axis = _constant_data(op.operands[1], consts), op.attrs["axis"]
+    shape = op.operands[0].type.shape
+    if data is not None and data.size and isinstance(axis, int) and -len(shape) <= axis < len(shape):
+        size = shape[axis]
+        if int(data.min()) < 0 or int(data.max()) >= size:
+            yield f"its constant indices reach outside the axis of size {size}"
+
+
+# op kind -> the conditions it must meet beyond its types (each yields what is wrong)
+RUNNABLE: dict[str, Callable[[Op, Consts], Iterator[str]]] = {
+    "conv2d": _conv2d, "fully_connected": _gemm, "matmul": _gemm,
+    "avg_pool2d": _pool, "max_pool2d": _pool,
+    "clamp": _clamp, "pad": _pad, "table": _table, "intdiv": _intdiv, "gather": _gather,
+}
+
+
+@rule("runnable")
+def _runnable(graph: Graph) -> Iterator[str]:
+    """What every target can run: attribute ranges, bounds within the codes' dtype, sums within the
+    accumulator, constant divisors and indices (``RUNNABLE``; the reference's static conditions)."""
+    consts = {op.results[0]: op.attrs.get("data") for op in graph.ops if op.kind == "constant" and op.results}
+    for op in graph.ops:
+        check = RUNNABLE.get(op.kind)
+        if check is None or not all(_is_complete(v.type) for v in (*op.input_values(), *op.results)):
+            continue
+        try:
+            messages = list(check(op, consts))
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:   # attributes of any shape
+            messages = [f"its attributes can't be checked ({type(e).__name__}: {str(e)[:80]})"]
+        for m in messages:
+            yield f"{op.kind} producing {_where(op.results[0])}: {m}"
 
 
 def verify_graph(graph: Graph, after: str | None = None) -> Graph:

@@ -17,9 +17,8 @@ import numpy as np
 
 from qlower.ir import Op, TensorType
 from qlower.ir.type_rules import window_output_size
+from qlower.ir.verifier import gemm_exact_problem
 from qlower.reference.registry import kernel
-
-_EXACT_FLOAT_BOUND = 2**53
 
 
 def _centered(x: np.ndarray, t: TensorType) -> np.ndarray:
@@ -30,19 +29,12 @@ def _centered(x: np.ndarray, t: TensorType) -> np.ndarray:
     return (x.astype(np.int64) - zp).astype(np.float64)
 
 
-def _max_centered(t: TensorType) -> int:
-    """Largest |code - zero point| the type admits."""
-    zp = np.asarray(t.quant.zero_point, dtype=np.int64)
-    return int(max(np.abs(t.dtype.min - zp).max(), np.abs(t.dtype.max - zp).max()))
-
-
 def _check_exact(a: TensorType, b: TensorType, k: int) -> None:
-    """Raise unless a float64 sum of k products of these operand types is exact (see module doc)."""
-    if a.quant is None:
-        return
-    if k * _max_centered(a) * _max_centered(b) >= _EXACT_FLOAT_BOUND:
-        raise ArithmeticError(f"a sum of {k} products of {a.dtype.value} x {b.dtype.value} codes "
-                              "can't be proven exact in float64")
+    """Raise unless a float64 sum of k products of these operand types is exact (see module doc; the
+    IR verifier refuses such a graph already, by the same function: ``gemm_exact_problem``)."""
+    problem = gemm_exact_problem(a, b, k)
+    if problem:
+        raise ArithmeticError(problem)
 
 
 def _finish(acc: np.ndarray, bias: np.ndarray | None, out: TensorType) -> np.ndarray:
