@@ -81,15 +81,29 @@ def seal(body: bytes) -> bytes:
     return _HEAD.pack(b"\x89QLOWER\n", 1, len(body), hashlib.sha256(body).digest()) + body
 
 
-def edit_header(data: bytes, change: Callable[[dict], None]) -> bytes:
-    """The file with its program header changed by ``change`` (tensors kept), sealed again."""
+def edit_header(data: bytes, change: Callable[[dict], None],
+                change_arrays: Callable[[dict, dict], None] | None = None) -> bytes:
+    """The file with its program header changed by ``change`` (and its tensors by
+    ``change_arrays(header, arrays)``), sealed again."""
     body = data[_HEAD.size:]
     n = int.from_bytes(body[:8], "little")
     header = json.loads(json.loads(body[8:8 + n])["__metadata__"]["qlower"])
     change(header)
-    arrays = {name: np.frombuffer(info["data"], dtype=_NP[info["dtype"]]).reshape(info["shape"])
+    arrays = {name: np.frombuffer(info["data"], dtype=_NP[info["dtype"]]).reshape(info["shape"]).copy()
               for name, info in safetensors.deserialize(body)}
+    if change_arrays is not None:
+        change_arrays(header, arrays)
     return seal(safetensors.numpy.save(arrays, metadata={"qlower": json.dumps(header)}))
+
+
+def graphs_of(header: dict) -> list[dict]:
+    """Every encoded graph of a program header: host, source, partition subgraphs."""
+    out = [header["host"]] + ([header["source"]] if header["source"] else [])
+    return out + [p["subgraph"] for p in header["partitions"]]
+
+
+def ops_of(header: dict, kind: str) -> list[dict]:
+    return [op for g in graphs_of(header) for op in g["ops"] if op["kind"] == kind]
 
 
 def edit_raw_header(data: bytes, change: Callable[[str], str]) -> bytes:
@@ -234,3 +248,59 @@ def program_threads(threads: int) -> tuple[bytes, list[np.ndarray]]:
     data, values = _one_call("aten.relu.default", [Operand(0)], {}, [floats((2,))], ("float32",), floats((2,)),
                              "float32", [np.zeros(2, np.float32)])()
     return edit_header(data, lambda h: h["meta"].__setitem__("threads", threads)), values
+
+
+# -- subgraphs that type inference accepts and the reference can't run --------------------------
+
+def small_int8_graph():
+    """conv2d (constant weight and bias) -> rescale -> clamp: what the verifier forgeries edit."""
+    b = GraphBuilder("small")
+    q = QuantSpec.per_tensor(0.05, 0)
+    x = b.input("x", TensorType((1, 6, 6, 2), DType.INT8, q))
+    wq = QuantSpec.per_tensor(0.02, 0, qmin=-127, qmax=127)
+    rng = np.random.default_rng(30)
+    # a 1x2 kernel: a dilation along H changes nothing in the types (what a forger edits unnoticed)
+    w = b.constant(rng.integers(-127, 128, (3, 1, 2, 2)).astype(np.int8), wq, name="w")
+    bias = b.constant(rng.integers(-500, 500, 3).astype(np.int32), QuantSpec.accumulator(q, wq, None), name="bias")
+    c = b.op("conv2d", x, w, bias, name="conv")
+    r = b.op("rescale", c, out=QuantSpec.per_tensor(0.1, 0), name="rq")
+    cl = b.op("clamp", r, min=0, max=127, name="relu")
+    return verify_graph(b.build([cl]))
+
+
+def _bias_at_int32_max(header: dict, arrays: dict) -> None:
+    for op in ops_of(header, "constant"):
+        if op["results"][0]["name"] == "bias":
+            key = op["attrs"]["data"]["tensor"]
+            arrays[key] = np.full_like(arrays[key], 2**31 - 1)
+
+
+def _set_clamp_max(header: dict) -> None:
+    for op in ops_of(header, "clamp"):
+        op["attrs"]["max"] = 1000
+
+
+def _negative_dilation(header: dict) -> None:
+    for op in ops_of(header, "conv2d"):
+        op["attrs"]["dilation"] = {"tuple": [-1, 1]}
+
+
+def verifier_forgery(target: str, what: str) -> bytes:
+    """``small_int8_graph`` compiled for ``target`` and saved, then edited: ``what`` is "bias"
+    (INT32_MAX), "clamp" (an int8 clamp to 1000) or "dilation" (negative)."""
+    from qlower.api import lower_graph
+
+    data = program_to_bytes(lower_graph(small_int8_graph(), target))
+    if what == "bias":
+        return edit_header(data, lambda h: None, _bias_at_int32_max)
+    return edit_header(data, _set_clamp_max if what == "clamp" else _negative_dilation)
+
+
+def payload_threads(target: str, threads: object) -> bytes:
+    """``small_int8_graph`` compiled for ``target``, every payload's meta threads set to ``threads``."""
+    from qlower.api import lower_graph
+
+    def change(h: dict) -> None:
+        for p in h["partitions"]:
+            p["payload"]["meta"]["threads"] = threads
+    return edit_header(program_to_bytes(lower_graph(small_int8_graph(), target)), change)
