@@ -247,16 +247,16 @@ def test_verification_report_names_fallbacks(mixed, tmp_path):
 
 
 class FloatSoftmaxUnderMask(nn.Module):
-    """A bool mask fills scores with -inf, which has no int8 code: the softmax reads floats."""
+    """A bool mask fills the float input with -inf, which has no int8 code: the softmax reads floats (a
+    masked softmax of quantized scores is integer)."""
 
     def __init__(self):
         super().__init__()
         self.fc = nn.Linear(6, 6)
 
     def forward(self, x):
-        scores = self.fc(x)
         mask = torch.ones(6, 6, dtype=torch.bool).tril()
-        return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+        return self.fc(torch.softmax(x.masked_fill(~mask, float("-inf")), dim=-1))
 
 
 @pytest.mark.parametrize("target", ["reference", "cpu"])

@@ -112,6 +112,9 @@ def where(ctx: ImportContext, node, condition, input=None, other=None, **_):
     spec = _domain(ctx)
     a, b = _in_domain(ctx, input, spec), _in_domain(ctx, other, spec)
     perm = _rank_perm(ctx, [condition, a, b])
+    # constant branches of lower rank broadcast like PyTorch's (leading 1s): where(mask, 1.0, 0.0)
+    a, b = (Ref.constant(r.data.reshape((1,) * (len(perm) - r.rank) + r.data.shape), r.quant, r.origin)
+            if r.is_const and r.rank < len(perm) else r for r in (a, b))
     if max(a.rank, b.rank) != len(perm):
         raise ctx.unsupported("where with values of lower rank than the condition")
     _, (va, vb) = ctx.broadcast([a, b], perm=perm)
@@ -202,3 +205,29 @@ def logical_not(ctx: ImportContext, node, input, **_):
     if not _is_bool(input):
         raise ctx.unsupported("only integer on bool tensors")
     return Ref.of(ctx.emit("logical_not", _bool_in(ctx, input, input.perm), perm=input.perm), input.perm)
+
+
+@register(aten.any.dim, aten.any.dims, aten.any.default, aten.all.dim, aten.all.dims, aten.all.default)
+def any_all(ctx: ImportContext, node, input, dim=None, keepdim=False, **_):
+    """``any`` / ``all`` of a bool tensor along dims: the bools as 0/1 int8 codes, ``reduce_max`` (any) or
+    ``reduce_min`` (all) per dim, compared with 0 (what ``scaled_dot_product_attention`` decomposes a
+    bool mask's fully masked rows to)."""
+    if not _is_bool(input) or input.is_const:
+        raise ctx.unsupported("only integer on bool tensors")
+    perm, shape = input.perm, input.torch_shape
+    dims = range(len(shape)) if dim is None or dim == [] else [dim] if isinstance(dim, int) else list(dim)
+    dims = sorted({layout.normalize_axis(d, len(shape)) for d in dims})
+    bit = QuantSpec.per_tensor(1.0, 0, DType.INT8, 0, 1)
+
+    def code(k: int) -> Value:
+        return ctx.constant(np.full((1,) * len(perm), k, np.int8), bit)
+    v = ctx.emit("select", ctx.value_in(input), code(1), code(0), perm=perm)
+    kind = "reduce_max" if packet(node) is aten.any else "reduce_min"
+    for d in dims:
+        v = ctx.emit(kind, v, perm=perm, axis=layout.ir_axis(perm, d))
+    out = Ref.of(ctx.emit("greater", v, code(0), perm=perm), perm)
+    if keepdim:
+        return out
+    kept = tuple(s for d, s in enumerate(shape) if d not in dims)
+    new_perm = layout.drop_dims(perm, dims)
+    return Ref.of(ctx.emit("reshape", out.value, perm=new_perm, shape=layout.ir_shape(kept, new_perm)), new_perm)
