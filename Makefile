@@ -30,11 +30,12 @@ test: $(TEST_STAMP)
 	$(BIN)/python -m pytest -n 2 -q
 
 # every fuzz and property suite with 2000 examples instead of CI's budget, random but repeatable:
-# the seed is printed, and QLOWER_FUZZ_SEED=<seed> make fuzz runs the same examples again
+# the seed is printed, and QLOWER_FUZZ_SEED=<seed> make fuzz runs the same examples again. The suites
+# run in parallel through qlower.sweep's process pool (scripts/fuzz.py; FUZZ_WORKERS=K jobs at once)
 fuzz: $(TEST_STAMP)
 	@seed=$${QLOWER_FUZZ_SEED:-$$(od -An -N4 -tu4 /dev/urandom | tr -d ' ')}; \
 	echo "make fuzz: hypothesis seed $$seed (repeat with QLOWER_FUZZ_SEED=$$seed make fuzz)"; \
-	QLOWER_FUZZ_EXAMPLES=2000 $(BIN)/python -m pytest -q -m fuzz --hypothesis-seed=$$seed
+	$(BIN)/python scripts/fuzz.py --seed $$seed --examples 2000 $${FUZZ_WORKERS:+--workers $$FUZZ_WORKERS}
 
 lint: $(STAMP)
 	$(BIN)/ruff check qlower tests benchmarks
