@@ -13,7 +13,9 @@ Layout (all integers little-endian)::
 The envelope is checked before anything is parsed: magic, then the version (a
 newer file is refused with both version numbers), then length (truncation,
 trailing bytes), then the checksum, so accidental corruption is never a silent
-wrong result. The body holds every array (constant data, table attributes, and
+wrong result. ``load`` checks the envelope from the first 52 bytes, then reads the
+body once, in chunks, into one buffer while hashing it; the tensors are read-only
+views of that buffer (a file is never held twice). The body holds every array (constant data, table attributes, and
 payload blobs as 1-D uint8 tensors) as safetensors tensors, and the program
 header as JSON in its metadata under ``"qlower"``: target, the JSON-able part of
 ``Program.meta``, an index of the tensors (dtype and shape of each, checked
@@ -25,7 +27,10 @@ are encoded by ``irjson``.
 
 Loading executes nothing: no pickle, JSON with duplicate keys and non-standard
 constants refused, every field type-checked, every graph rebuilt through the op
-registry and verified, delegates checked against their partitions. Anything
+registry and verified (``qlower.ir.verifier``: also what every target can run),
+delegates checked against their partitions, float fallback calls checked against
+the forward-pass allow-list, and the program's memory and work estimated from its
+shapes and bounded (``qlower.program.limits``) before anything runs. Anything
 wrong is an InvalidProgramError naming the file and the place; the checksum
 guards against accidents, not against a forger, which the checks behind it are
 for.
