@@ -52,9 +52,22 @@ def _rows(rng: np.random.Generator, kind: int, rows: int, n: int) -> np.ndarray:
        seed=st.integers(0, 2**31 - 1), kind=st.integers(0, 4),
        eps=st.sampled_from([1e-12, 1e-6, 1e-5, 1e-3]), affine=st.booleans())
 def test_layer_norm_within_bound(n, seed, kind, eps, affine):
+    _check(n, seed, kind, eps, affine, float(np.random.default_rng(seed + 1).uniform(-6, 0)))
+
+
+@pytest.mark.parametrize("n,eps", [(32, 1e-5), (700, 1e-3), (4096, 1e-5)])
+@pytest.mark.parametrize("kind", range(5))
+def test_eps_dominates(n, eps, kind):
+    """Input steps of 3e-7: N·eps/s² passes 2**30, U is held 4**c times coarser (K_c below 1)."""
+    plan = _check(n, 7 + kind, kind, eps, True, -6.5)
+    assert plan.coarse < 1
+
+
+def _check(n, seed, kind, eps, affine, log_scale):
     rng = np.random.default_rng(seed)
     rows = 3
-    spec = QuantSpec.per_tensor(float(10 ** rng.uniform(-3, 0)), int(rng.integers(-100, 100)))
+    # input steps down to 1e-6: N·eps/s² passes 2**30 (eps dominates the variance)
+    spec = QuantSpec.per_tensor(float(10 ** log_scale), int(rng.integers(-100, 100)))
     w_max, b_max = (float(rng.uniform(0.1, 4)), float(rng.uniform(0, 2))) if affine else (1.0, 0.0)
     w = rng.uniform(-w_max, w_max, n) if affine else None
     b = rng.uniform(-b_max, b_max, n) if affine else None
@@ -78,6 +91,7 @@ def test_layer_norm_within_bound(n, seed, kind, eps, affine):
     assert worst <= plan.error + s / 2 + 1e-9 * s, (worst / s, plan)
     fake_quant = np.clip(np.rint(exact / s) + zp, out.qmin, out.qmax)
     assert np.abs(got - fake_quant).max() <= 1
+    return plan
 
 
 def test_constant_rows_give_the_bias():

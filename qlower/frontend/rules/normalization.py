@@ -95,7 +95,7 @@ def _plain(ctx: ImportContext, value: int, rank: int, spec: QuantSpec):
 class _Plan:
     """The integer LayerNorm's constants for one width (see ``layer_norm``)."""
 
-    coarse: int      # K_c: U = K_c·X for a large G
+    coarse: float    # K_c: U = K_c·X for a large G (a power of 4; below 1 when eps dominates: see _plan)
     j: int           # a small G (<= limit) is held 4**j times finer: U = K_c·4**j·X (j = 0: one path)
     limit: int
     u_min: float     # the smallest U of a row that isn't constant (then D = 0 and U doesn't matter)
@@ -108,20 +108,24 @@ def _u_min(n: int, ne: float, coarse: int, j: int, limit: int) -> float:
     """Smallest U of a non-constant row: ``V >= N - 1`` so ``X >= (N - 1)/N + N·E``; the coarse path
     only takes ``G > limit``, so ``X > limit + N·E`` there; U is within 1.5 of ``K·X``."""
     fine = coarse * 4**j * ((n - 1) / n + ne)
+    if coarse < 1:   # X >= N·E on every row; U within 1.75 of K_c·X
+        return coarse * ne - 1.75
     return min(fine, coarse * (limit + ne)) - 1.5 if j else coarse * ((n - 1) / n + ne) - 1.5
 
 
 def _plan(ctx: ImportContext, n: int, span: int, ne: float, w: np.ndarray, b: np.ndarray,
           out: QuantSpec) -> _Plan:
     g_max = n * (span * span / 4 + 1)   # G <= T = N·var + N·(mean - m0)² with var <= (span/2)²
-    if g_max + ne + 2 >= U_LIMIT:
+    if g_max + 2 >= U_LIMIT:
         raise ctx.unsupported(f"layer_norm over {n} elements of {span + 1} codes: the sum of squares "
                               f"({g_max:.3g}) leaves no int32 headroom")
-    coarse = 1
-    while 4 * coarse * (g_max + ne + 2) < U_LIMIT:
+    coarse = 1.0
+    while coarse * (g_max + ne) + 3 >= U_LIMIT:  # eps dominates (N·E huge): U = G // 4**c + round(N·E / 4**c)
+        coarse /= 4
+    while coarse >= 1 and 4 * coarse * (g_max + ne + 2) < U_LIMIT:
         coarse *= 4
     best = (0, -1)
-    for j in range(1, 16):
+    for j in range(1 if coarse >= 1 else 16, 16):
         fine = coarse * 4**j
         limit = int((U_LIMIT - 2) // fine - ne - 1)
         if limit < 0 or fine * n >= 2**31:   # fine·b (b < N) must fit int32
@@ -130,8 +134,13 @@ def _plan(ctx: ImportContext, n: int, span: int, ne: float, w: np.ndarray, b: np
             best = (j, limit)
     j, limit = best
     u_min = _u_min(n, ne, coarse, j, limit)
-    slack = 1.01 / np.sqrt(max(1.0 - 1.5 / max(u_min, 2.0), 1e-3))
-    if n * 2**15 * slack / np.sqrt(coarse) >= 2**31:   # D·2**k·2**j (module doc)
+    u_error = 1.5 if coarse >= 1 else 1.75   # U's roundings (below 1: G // 4**c, and b/N·K_c < 1/4 dropped)
+    slack = 1.01 / np.sqrt(max(1.0 - u_error / max(u_min, 2.0), 1e-3))
+    # |D·2**(j+k)| < N·2**15 / sqrt(K_c); with j = 0 also |D| <= N·span over 2**k <= 2**15 / sqrt(U_min)
+    a_max = n * 2**15 * slack / np.sqrt(coarse)
+    if not j:
+        a_max = min(a_max, n * span * 2**15 * 1.01 / np.sqrt(max(u_min, 1.0)))
+    if a_max >= 2**31:
         raise ctx.unsupported(f"layer_norm over {n} elements: D·2**k leaves no int32 headroom")
     # output values beyond [lo, hi] saturate: |y·w| past max(hi - b, b - lo) changes nothing
     s_out, zp = out.scale[0], out.zero_point[0]
@@ -147,7 +156,7 @@ def _plan(ctx: ImportContext, n: int, span: int, ne: float, w: np.ndarray, b: np
     s_scaled = np.sqrt(coarse) * 2.0**shift / (2.0**38 * np.sqrt(n))
     w_max = float(wa.max())
     t2 = (y_max * w_max + float(np.abs(b).max()) or 1.0) / 2**29
-    relative = 0.75 / max(u_min - 1.5, 1e-30) + 2.0**-TABLE_BITS + 2.0**-22
+    relative = u_error / 2 / max(u_min - u_error, 1e-30) + 2.0**-TABLE_BITS + 2.0**-22
     error = (relative * yw + w_max * 0.5 * (s_scaled + y_max / Y_CODES)
              + (Y_CODES / 2 + 1) * t2)
     return _Plan(coarse, j, limit, u_min, shift, y_max, error)
@@ -169,7 +178,8 @@ def layer_norm(ctx: ImportContext, x: Ref, dims: int, weight: np.ndarray | None,
         y = (x - mean) / sqrt(var + eps) = D / (sqrt(N) · sqrt(X)),  X = G - b/N + N·E
 
     ``U = K·G + round(K·N·E) - floor(K·b / N)`` is within 1.5 of ``K·X``; ``K = K_c`` (the largest power of 4
-    keeping U below 2**30), or ``K_c·4**j`` for ``G <= limit`` (so that the roundings stay small against a
+    keeping U below 2**30; when eps dominates, ``N·E`` near or past 2**30, ``K_c = 4**-c`` and
+    ``U = G // 4**c + round(N·E / 4**c)``, within 1.75), or ``K_c·4**j`` for ``G <= limit`` (so that the roundings stay small against a
     small variance; a non-constant row has ``V >= N - 1``, so ``X >= (N-1)/N + N·E``). U is normalised to
     ``W = U·4**k`` in ``[2**28, 2**30)`` by four compare-free steps (``intdiv`` / ``clamp`` / ``mul`` /
     ``add``), the reciprocal square root read from a table at ``W / 2**16``, and ``D·2**(j+k)·table``
@@ -236,14 +246,17 @@ def layer_norm(ctx: ImportContext, x: Ref, dims: int, weight: np.ndarray | None,
     frac = sub(rr, mul(a, plain(n)))           # b = r² mod N
     g = sub(t, a)
 
-    def scaled_u(gv, k: int):                  # K·G + round(K·N·E) - floor(K·b / N)
+    def scaled_u(gv, k: float):                # K·G + round(K·N·E) - floor(K·b / N)
+        if k < 1:                              # G // 4**c + round(N·E / 4**c): K·b/N < 1/4 left out
+            return add(intdiv(gv, plain(int(round(1 / k)), one)), plain(int(round(k * ne)), gv.quant))
+        k = int(k)
         u = add(mul(gv, plain(k)), plain(int(round(k * ne)), gv.quant))
         return sub(u, intdiv(mul(frac, plain(k)), plain(n)))
 
     u = scaled_u(g, plan.coarse)
     power = None
     if plan.j:  # G up to the limit: U = K_c·4**j·X, and the result's 2**j is in ``power``
-        small_u = scaled_u(clamp(g, 0, plan.limit), plan.coarse * 4**plan.j)
+        small_u = scaled_u(clamp(g, 0, plan.limit), int(plan.coarse) * 4**plan.j)
         large = clamp(intdiv(g, plain(plan.limit + 1, g.quant)), 0, 1)
         u = add(small_u, mul(sub(u, small_u), large))
         small = sub(plain(1, large.quant), large)
