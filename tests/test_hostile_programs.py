@@ -85,6 +85,12 @@ def test_a_fallback_guard_checks_what_the_op_really_reads():
     x, idx = np.array([1.5, -2.0, 7.0], np.float32), np.array([2, 0, 0, 1], np.int32)
     got = program_from_bytes(data).run(x, idx)[0]
     np.testing.assert_array_equal(got, torch.gather(torch.from_numpy(x), 0, torch.from_numpy(idx).long()).numpy())
+    data, _ = hostile._one_call("aten.div.Tensor", [hostile.Operand(0), hostile.Operand(1)], {},
+                                [hostile.plain_int((3,)), hostile.plain_int((3,))], ("int32", "int32"),
+                                hostile.floats((3,)), "float32", [])()    # true division: by zero is inf
+    a, b = np.array([7, -2**31, 0], np.int32), np.array([0, -1, 0], np.int32)
+    np.testing.assert_array_equal(program_from_bytes(data).run(a, b)[0],
+                                  torch.div(torch.from_numpy(a), torch.from_numpy(b)).numpy())
     data, _ = hostile.int_min_div()
     a = np.array([7, -2**31 + 1], np.int32)
     np.testing.assert_array_equal(program_from_bytes(data).run(a)[0], np.array([-7, 2**31 - 1], np.int32))

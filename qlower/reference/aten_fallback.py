@@ -182,8 +182,8 @@ def _integer_division(a: dict[str, Any]) -> str | None:
     dtype's smallest value by -1 (its quotient doesn't exist: the CPU traps)."""
     torch = _torch()
     x, y = a.get("self"), a.get("other")
-    if x is None or y is None or (a.get("rounding_mode", "none") is None):
-        return None   # true division (a float result)
+    if x is None or y is None:
+        return None
     try:
         dtype = torch.result_type(x, y)
     except (TypeError, RuntimeError):
@@ -204,6 +204,11 @@ def _integer_division(a: dict[str, Any]) -> str | None:
     return f"integer division of {smallest} by -1 (the quotient overflows {dtype})" if hit else None
 
 
+def _integer_div(a: dict[str, Any]) -> str | None:
+    """``div`` with a rounding mode; without one it is true division (a float result, inf for 0)."""
+    return _integer_division(a) if a.get("rounding_mode") in ("trunc", "floor") else None
+
+
 # op name -> what is checked on the real tensors before every call (names are the schema's)
 GUARDS: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "gather": _index_along("self", "dim", "index"),
@@ -216,7 +221,7 @@ GUARDS: dict[str, Callable[[dict[str, Any]], str | None]] = {
     "index_put": _index_lists,
     "_embedding_bag": _embedding_bag,
     "masked_scatter": _masked_scatter,
-    "div": _integer_division,
+    "div": _integer_div,
     "remainder": _integer_division,
     "fmod": _integer_division,
 }
