@@ -39,8 +39,17 @@ def _as_numpy(*args, **kwargs):
     return as_numpy(*args, **kwargs)
 
 
+def _current_executor():
+    """The executor ``qlower.sweep.use_executor`` set for qlower's own fan-outs (None when no sweep is loaded)."""
+    import sys
+
+    executors = sys.modules.get("qlower.sweep.executors")
+    return None if executors is None else executors.current_executor()
+
+
 _LATE.add("runner_for", _runner_for)
 _LATE.add("as_numpy", _as_numpy)
+_LATE.add("current_executor", _current_executor)
 
 
 def __getattr__(name: str):

@@ -295,9 +295,10 @@ def measure_sensitivity(gm: GraphModule, inputs: Sequence[tuple[torch.Tensor, ..
     ``executor`` (default: the one ``qlower.sweep.use_executor`` set, else none) measures the layers
     in its workers, a share each, when ``gm`` came from ``capture_switchable``; the numbers are the
     ones measured here in series."""
-    from qlower.sweep.executors import current_executor
+    from qlower.late import late
 
-    executor = executor if executor is not None else current_executor()
+    # qlower.sweep (a later layer) sets it: the package root binds the slot (qlower/late.py)
+    executor = executor if executor is not None else late("current_executor")()
     switches = add_switches(gm)
     layers = group_layers(gm)
     run = _runner(gm, switches, chunks(inputs, batch), len(inputs))
