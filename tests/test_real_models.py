@@ -1,0 +1,53 @@
+"""Real models from the ecosystem (issue 25): Hugging Face transformers at reduced size, randomly
+initialised from tiny configs (qlower/testing/real_models.py; nothing is downloaded), compiled for
+every target.
+
+Per model: compiled once (static int8), then lowered for each target; every output equals the reference
+interpreter's on the target's form, the program runs no float op on the host (boundary quantize /
+dequantize aside: LayerNorm, GELU, softmax under an attention mask are integer), and the reference's
+layers are within one step of PyTorch's fake-quant model. timm and ultralytics are not tested: both
+import torchvision, which does not import beside torch 2.13. benchmarks/real_models.py measures the
+full set (with SegFormer, MobileViT, MobileViTv2) with compile times and partitions.
+"""
+
+import numpy as np
+import pytest
+
+pytest.importorskip("transformers")  # the test extra installs it; without it there is nothing to run
+
+import qlower  # noqa: E402
+from qlower.api import lower_graph  # noqa: E402
+from qlower.reference import run_graph  # noqa: E402
+from qlower.testing.coverage import on_host  # noqa: E402
+from qlower.testing.differential import program_meaning  # noqa: E402
+from qlower.testing.frontend import FLOAT_BOUNDARY, fake_quant_agreement  # noqa: E402
+from qlower.testing.real_models import REAL_MODELS  # noqa: E402
+
+MODELS = ("bert", "distilbert", "mobilebert", "vit", "yolos", "wav2vec2")
+TARGETS = ("cpu", "tosa-1.0+int", "ethos-u55-128", "ethos-u85-256", "vgf+int", "litert", "tflm")
+
+
+def _host_float(prog) -> list[str]:
+    return [str(op.attrs.get("target", op.kind)) for op in prog.source.ops
+            if op.kind not in FLOAT_BOUNDARY and on_host(prog, op)
+            and any(r.dtype.is_float and r.quant is None for r in op.results)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
+def test_every_target_exact_and_integer(name):
+    entry = REAL_MODELS[name]
+    model, example = entry.build()
+    compiled = qlower.compile(model, example, target="reference", calibration=entry.calibration(), progress=False)
+    assert _host_float(compiled) == []
+    inputs = entry.make_inputs(7)
+    cmp = fake_quant_agreement(compiled.frontend, [inputs])
+    assert cmp.layers.total > 0 and cmp.layers.max_step <= 1, cmp
+    for target in TARGETS:
+        options = {"execution": "vulkan"} if target.startswith("vgf") else None
+        prog = lower_graph(compiled.source, target, backend_options=options)
+        assert _host_float(prog) == [], target
+        want = run_graph(program_meaning(compiled.source, target), [t.numpy() for t in inputs])
+        for got, w in zip(prog.run(*inputs), want):
+            assert got.dtype == w.dtype and got.shape == w.shape
+            np.testing.assert_array_equal(got, w, err_msg=f"{name} on {target}")
