@@ -170,7 +170,7 @@ def layer_norm(ctx: ImportContext, x: Ref, dims: int, weight: np.ndarray | None,
 
     With ``d = q - zp`` over the ``N`` normalised elements (codes span ``S = qmax - qmin``), ``S1 = Σd``,
     ``m0 = trunc(S1 / N)``, ``e = d - m0`` (``|e| <= S``), ``r = S1 - N·m0`` (``|r| < N``),
-    ``T = Σe²`` (``< N·(S²/4 + 1)``: int32 for N up to ~16,000 int8 elements), ``a = r² // N``,
+    ``T = Σe²`` (``< N·(S²/4 + 1)``: int32 for N up to about 66,000 int8 elements), ``a = r² // N``,
     ``b = r² - a·N`` and ``G = T - a``: the variance's numerator ``V = N·Σd² - (Σd)² = N·G - b``
     exactly (shift invariance), never formed itself (it needs N²·S² of range). With
     ``E = eps / s²`` and ``D = N·d - S1``::
