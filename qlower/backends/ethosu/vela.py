@@ -242,18 +242,31 @@ class VelaResult:
 
 def tosa_block_io(buf: bytes) -> tuple[list[tuple[str, str, tuple[int, ...]]], list[tuple[str, str, tuple[int, ...]]]]:
     """(name, dtype name, shape) of the main block's inputs and outputs, in order."""
-    from tosa import DType, TosaGraph
+    from tosa import TosaGraph
 
-    names = {v: k for k, v in vars(DType.DType).items() if k.isupper()}
+    names = _tosa_dtype_names()
     block = TosaGraph.TosaGraph.GetRootAs(buf, 0).Regions(0).Blocks(0)
-    tensors = {block.Tensors(i).Name(): block.Tensors(i) for i in range(block.TensorsLength())}
+    inputs = [block.Inputs(i) for i in range(block.InputsLength())]
+    outputs = [block.Outputs(i) for i in range(block.OutputsLength())]
+    wanted = set(inputs) | set(outputs)
+    tensors = {}
+    for i in range(block.TensorsLength()):   # each tensor read once, only the IO ones described
+        t = block.Tensors(i)
+        name = t.Name()
+        if name in wanted and name not in tensors:
+            tensors[name] = (names[t.Type()], tuple(int(d) for d in t.ShapeAsNumpy()))
 
     def describe(name: bytes) -> tuple[str, str, tuple[int, ...]]:
-        t = tensors[name]
-        return name.decode(), names[t.Type()], tuple(int(d) for d in t.ShapeAsNumpy())
+        return (name.decode(), *tensors[name])
 
-    return ([describe(block.Inputs(i)) for i in range(block.InputsLength())],
-            [describe(block.Outputs(i)) for i in range(block.OutputsLength())])
+    return [describe(n) for n in inputs], [describe(n) for n in outputs]
+
+
+@functools.lru_cache(maxsize=1)
+def _tosa_dtype_names() -> dict[int, str]:
+    from tosa import DType
+
+    return {v: k for k, v in vars(DType.DType).items() if k.isupper()}
 
 
 class VelaDroppedIO(CompileError):
