@@ -22,7 +22,7 @@ _PUBLIC = {
 }
 # subpackages users reach as attributes without importing them
 # (``sweep`` is a package that is also callable: ``qlower.sweep(jobs)``)
-_SUBPACKAGES = {"zoo", "errors", "ir", "reference", "verification", "program", "backends", "frontend", "sweep"}
+_SUBPACKAGES = {"zoo", "errors", "ir", "reference", "verification", "program", "backends", "frontend", "sweep", "view"}
 __all__ = sorted(_PUBLIC)
 
 
@@ -50,6 +50,15 @@ def _current_executor():
 _LATE.add("runner_for", _runner_for)
 _LATE.add("as_numpy", _as_numpy)
 _LATE.add("current_executor", _current_executor)
+
+
+def _view_report(*args, **kwargs):
+    from qlower.view import view_report
+
+    return view_report(*args, **kwargs)
+
+
+_LATE.add("view_report", _view_report)
 
 
 def __getattr__(name: str):

@@ -311,7 +311,7 @@ def cmd_inspect(args) -> int:
 
 
 def cmd_view(args) -> int:
-    from qlower.view.server import serve
+    from qlower.view import serve
 
     serve(args.program, report=args.report, port=args.port, open_browser=not args.no_browser)
     return 0

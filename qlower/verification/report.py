@@ -256,18 +256,11 @@ class VerificationReport:
     def view(self, port: int | None = None, open_browser: bool = True) -> None:
         """Open the verified program's graph in Model Explorer with this report's per-node overlays
         (steps, SQNR, exact share; Vela's cycles): ``qlower view prog.qlp --report r.json`` from
-        Python. Blocks until Ctrl-C; needs the ``qlower[view]`` extra."""
-        import tempfile
+        Python. Blocks until Ctrl-C; needs the ``qlower[view]`` extra (qlower/view/, a later stage:
+        reached through qlower.late)."""
+        from qlower.late import late
 
-        from qlower.view.server import ViewError, serve
-
-        if self.program is None:
-            raise ViewError("this report has no program to show (a report read back from JSON): "
-                            "run qlower view PROGRAM.qlp --report REPORT.json")
-        with tempfile.TemporaryDirectory(prefix="qlower-view-") as folder:
-            path = f"{folder}/{self.target}.qlp"
-            self.program.save(path)
-            serve(path, report=self, port=port, open_browser=open_browser)
+        late("view_report")(self, port=port, open_browser=open_browser)
 
     def __str__(self) -> str:
         return self.table()

@@ -5,3 +5,7 @@ qlower's adapter (``main.py``, for ``.qlp`` files): the program's graph with eac
 group (``graph.py``) and per-node overlays of the verification report and Vela's cycles
 (``overlays.py``).
 """
+
+from qlower.view.server import ViewError, serve, view_config, view_report
+
+__all__ = ["ViewError", "serve", "view_config", "view_report"]

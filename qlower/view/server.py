@@ -52,6 +52,19 @@ def serve(program_path: str | os.PathLike, report: Any = None, host: str = "loca
                  extensions=["qlower.view"])
 
 
+def view_report(report: Any, port: int | None = None, open_browser: bool = True) -> None:
+    """``report.view()``: the report's program, saved to a temporary file, served with the report."""
+    import tempfile
+
+    if getattr(report, "program", None) is None:
+        raise ViewError("this report has no program to show (a report read back from JSON): "
+                        "run qlower view PROGRAM.qlp --report REPORT.json")
+    with tempfile.TemporaryDirectory(prefix="qlower-view-") as folder:
+        path = os.path.join(folder, f"{report.target}.qlp")
+        report.program.save(path)
+        serve(path, report=report, port=port, open_browser=open_browser)
+
+
 def _report_data(report: Any):
     if report is None or not isinstance(report, (str, os.PathLike)):
         return report
