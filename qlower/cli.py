@@ -338,6 +338,26 @@ def cmd_demo(args) -> int:
     return 0 if report.ok else 1
 
 
+# what PyTorch's CPU allocator and the C library say when an allocation fails (torch raises a RuntimeError)
+_OOM_TEXTS = ("can't allocate memory", "Cannot allocate memory", "out of memory")
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """Whether ``e`` (or an error it wraps, e.g. a capture failure) is an allocation that failed."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, MemoryError) or any(t in str(e) for t in _OOM_TEXTS):
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    line = text[0] if text else ""
+    return line if len(line) <= 200 else line[:200] + "…"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _Parser(prog="qlower", description=qlower.__doc__)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -433,12 +453,15 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         say(f"qlower: {e}", file=sys.stderr)
         return 2
-    except QlowerError as e:
-        say(f"qlower: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    except MemoryError:
-        say("qlower: out of memory (MemoryError): the model, its inputs or a program's tensors need more memory than "
-            "this process may have; try smaller inputs (--size) or a machine with more memory", file=sys.stderr)
+    except (MemoryError, QlowerError, RuntimeError) as e:
+        if not isinstance(e, MemoryError) and not _out_of_memory(e):
+            if isinstance(e, QlowerError):
+                say(f"qlower: {type(e).__name__}: {e}", file=sys.stderr)
+                return 2
+            raise
+        say(f"qlower: out of memory ({_first_line(e) or type(e).__name__}): the model, its inputs or a program's "
+            "tensors need more memory than this process may have; try smaller inputs (--size) or a machine with "
+            "more memory", file=sys.stderr)
         return 2
     except UnicodeError as e:   # e.g. a lone surrogate in a name, which no file or terminal can hold
         say(f"qlower: text that is not valid Unicode: {e}", file=sys.stderr)
