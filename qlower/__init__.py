@@ -19,10 +19,11 @@ _PUBLIC = {
     "measure_accuracy": "qlower.verification.accuracy", "comparison_table": "qlower.verification.accuracy",
     "inspect_program": "qlower.program.fileformat", "tflite_exact_kernels": "qlower.api", "save_arrays": "qlower.api",
     "op_resolver_header": "qlower.backends.tflm.resolver", "QuantConfig": "qlower.frontend.config", "Program": "qlower.program", "load": "qlower.program.fileformat",
+    "write_atomically": "qlower.program.fileformat",
 }
 # subpackages users reach as attributes without importing them
 # (``sweep`` is a package that is also callable: ``qlower.sweep(jobs)``)
-_SUBPACKAGES = {"zoo", "errors", "ir", "reference", "verification", "program", "backends", "frontend", "sweep", "view"}
+_SUBPACKAGES = {"zoo", "errors", "safe_paths", "ir", "reference", "verification", "program", "backends", "frontend", "sweep", "view"}
 __all__ = sorted(_PUBLIC)
 
 

@@ -60,9 +60,7 @@ def say(*parts: object, file=None) -> None:
 
 def write_file(path: str | os.PathLike, data: bytes | str) -> None:
     """``data`` at ``path``, whole or not at all, only over a regular file (safe_paths.py)."""
-    from qlower.program.fileformat import write_atomically
-
-    write_atomically(path, data.encode() if isinstance(data, str) else data)
+    qlower.write_atomically(path, data.encode() if isinstance(data, str) else data)
 
 
 def writable(path: str | None) -> str | None:

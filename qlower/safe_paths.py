@@ -9,6 +9,8 @@ input is opened without blocking and read only when it is a regular file.
 
 from __future__ import annotations
 
+__all__ = ["check_destination", "kind_of", "open_regular"]
+
 import os
 import stat
 from typing import BinaryIO
