@@ -97,30 +97,39 @@ class _GlobalMean(torch.nn.Module):
         return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(torch.relu(self.conv(x)), 1), 1))
 
 
-def test_a_global_mean_on_tflm_sums_one_channel_of_positions_bit_exact():
-    """TFLM keeps per-channel requantization data for every depthwise convolution, float too: the
-    plane's sums are one channel of h*w rows (ones of h*w floats), not c channels; the int8 codes
-    are cast to float32 directly and centred after summing."""
+@pytest.mark.parametrize("h, w", [(6, 5), (16, 17)])
+def test_a_global_mean_on_tflm_sums_its_plane_in_int16_or_as_one_float_channel_bit_exact(h, w):
+    """Sums that stay in int16 (6x5 codes) are TFLM's int16 SUM of an int16 copy (half a float32 one);
+    wider ones (16x17 x 128 > 2**15) a float32 depthwise convolution -- TFLM keeps per-channel
+    requantization data for every depthwise convolution, float too, so the plane's sums are one channel
+    of h*w rows (ones of h*w floats), not c channels; the int8 codes are cast to float32 directly."""
     model = _GlobalMean().eval()
-    example = (torch.randn(1, 3, 6, 5),)
-    prog = qlower.compile(model, example, target="tflm", calibration=[(torch.randn(1, 3, 6, 5),) for _ in range(4)],
-                          progress=False)
+    gen = torch.Generator().manual_seed(h)
+    example = (torch.randn(1, 3, h, w, generator=gen),)
+    prog = qlower.compile(model, example, target="tflm", progress=False,
+                          calibration=[(torch.randn(1, 3, h, w, generator=gen),) for _ in range(4)])
     (part,) = prog.partitions
     assert prog.graph.count_ops() == {"delegate": 1}
     m = tflite.Model.GetRootAsModel(part.payload.blobs[MODEL_BLOB], 0)
     sg = m.Subgraphs(0)
-    filters, writers = [], {}
+    filters, sums, writers = [], [], {}
     for i in range(sg.OperatorsLength()):
         op = sg.Operators(i)
         writers[op.Outputs(0)] = op
-        if m.OperatorCodes(op.OpcodeIndex()).BuiltinCode() == tflite.BuiltinOperator.DEPTHWISE_CONV_2D:
+        code = m.OperatorCodes(op.OpcodeIndex()).BuiltinCode()
+        if code == tflite.BuiltinOperator.SUM:
+            sums.append(sg.Tensors(op.Inputs(0)).Type())
+        if code == tflite.BuiltinOperator.DEPTHWISE_CONV_2D:
             filters.append(sg.Tensors(op.Inputs(1)).ShapeAsNumpy().tolist())
             cast = writers[op.Inputs(0)]   # the int8 codes straight to float32: no int32 copy in the arena
             assert sg.Tensors(cast.Inputs(0)).Type() == tflite.TensorType.INT8
-    assert filters == [[1, 30, 1, 1]]
+    if h * w * 128 < 2**15:
+        assert filters == [] and sums and set(sums) == {tflite.TensorType.INT16}
+    else:
+        assert filters == [[1, h * w, 1, 1]] and sums == []
     rng = np.random.default_rng(0)
-    for _ in range(3):
-        x = rng.normal(size=(1, 3, 6, 5)).astype(np.float32) * 2
+    for scale in (2, 1000):   # 1000: every code at an end
+        x = rng.normal(size=(1, 3, h, w)).astype(np.float32) * scale
         np.testing.assert_array_equal(prog.run(x)[0], run_graph(prog.source, [x])[0])
 
 

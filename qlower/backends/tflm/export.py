@@ -175,57 +175,76 @@ def _window_sums(ex: TflmExport, x, centre: int, kernel, stride, name: str) -> i
     return b.cast(sums, "int32", f"{name}/acc")
 
 
-SLICE_TAIL = 512   # arena bytes a slice's three operators cost beyond the activations (measured, rounded up)
+OP_TAIL = 160   # arena bytes an operator costs beyond activations: its node, output tensor, kernel data (measured)
 
 
-def _plane_sums(ex: TflmExport, x, name: str) -> int | None:
-    """int32 sums of each channel's whole plane of ``x``'s raw int8 codes (zero point not removed), or None
-    when they may leave int16: TFLM's int16 SUM at scale 1 (its requantization by 1.0 is exact) of an
-    int16 copy, half the bytes of a float32 one. When even that copy beside ``x`` would outgrow the
-    model's own peak (``ex.peak_floor``), the plane is summed in slices of rows (``_row_chunks``)."""
+def _plane_index(ex: TflmExport, x, offset: int, name: str) -> tuple[int, int] | None:
+    """(int32 ``sum - offset + rest``, ``rest``) for each channel's sum of its whole plane of ``x``'s raw int8
+    codes (zero point not removed), or None when the sums may leave int16. TFLM's int16 SUM at scale 1
+    (its requantization by 1.0 is exact; its output zero point subtracts ``offset`` when the differences
+    stay in int16, else ``rest`` is ``offset`` for the lookup to subtract) of an int16 copy,
+    half the bytes of a float32 one. When even that copy beside ``x`` would outgrow the model's own peak
+    (``ex.peak_floor``), the plane is cut into rows first (``_plane_parts``)."""
     lo, hi = ex.ranges.of(x)
     n, h, w, c = x.type.shape
-    if x.dtype is not DType.INT8 or h * w * lo < -2**15 or h * w * hi >= 2**15:
+    if x.dtype is not DType.INT8 or h * w * lo < -2**15 or h * w * hi >= 2**15 or not -2**31 < offset < 2**31:
         return None
     b = ex.b
-    one = Quant((1.0,), (0,))   # (SUM requantizes by the ratio of its tensors' scales)
+    rest = 0 if h * w * (hi - lo) < 2**15 else offset
+    one, indexed = Quant((1.0,), (0,)), Quant((1.0,), (rest - offset,))   # (SUM requantizes by its scales' ratio)
     axes = b.const(f"{name}/axes", np.asarray([1, 2], np.int32), "int32")
     sum_opts = options("ReducerOptions", KeepDims=True)
-    t, chunks = ex.value(x), _row_chunks(ex, x)
-    if len(chunks) == 1:
+    t, (mode, parts) = ex.value(x), _plane_parts(ex, x)
+    if mode == "whole":
         wide = b.cast(t, "int16", f"{name}/int16", one)
-        sums = b.op(B.SUM, [wide, axes], f"{name}/sums", (n, 1, 1, c), "int16", one, sum_opts)
-        return b.cast(sums, "int32", f"{name}/acc")
-    strides = b.const(f"{name}/strides", np.ones(4, np.int32), "int32")
-    parts = []
-    for i, (r0, r1) in enumerate(chunks):
-        begin = b.const(f"{name}/begin{i}", np.asarray([0, r0, 0, 0], np.int32), "int32")
-        end = b.const(f"{name}/end{i}", np.asarray([n, r1, w, c], np.int32), "int32")
-        rows = b.op(B.STRIDED_SLICE, [t, begin, end, strides], f"{name}/rows{i}", (n, r1 - r0, w, c), "int8",
-                    tflite_quant(x.type), options("StridedSliceOptions"))
-        wide = b.cast(rows, "int16", f"{name}/int16_{i}", one)
-        parts.append(b.op(B.SUM, [wide, axes], f"{name}/sums{i}", (n, 1, 1, c), "int16", one, sum_opts))
-    partial = b.op(B.CONCATENATION, parts, f"{name}/partial", (n, len(parts), 1, c), "int16", one,
+        sums = b.op(B.SUM, [wide, axes], f"{name}/sums", (n, 1, 1, c), "int16", indexed, sum_opts)
+        return b.cast(sums, "int32", f"{name}/index"), rest
+    if mode == "split":   # all parts at once (x dies here), then one int16 copy of a part at a time
+        sizes = b.const(f"{name}/sizes", np.asarray([r1 - r0 for r0, r1 in parts], np.int32), "int32")
+        axis = b.const(f"{name}/axis", np.int32(1), "int32")
+        rows = [b.tensor(f"{name}/rows{i}", (n, r1 - r0, w, c), "int8", tflite_quant(x.type))
+                for i, (r0, r1) in enumerate(parts)]
+        b.writer.operator(B.SPLIT_V, [t, sizes, axis], rows, options("SplitVOptions", NumSplits=len(parts)))
+    else:   # slices of rows, one at a time
+        strides = b.const(f"{name}/strides", np.ones(4, np.int32), "int32")
+        rows = []
+        for i, (r0, r1) in enumerate(parts):
+            begin = b.const(f"{name}/begin{i}", np.asarray([0, r0, 0, 0], np.int32), "int32")
+            end = b.const(f"{name}/end{i}", np.asarray([n, r1, w, c], np.int32), "int32")
+            rows.append(b.op(B.STRIDED_SLICE, [t, begin, end, strides], f"{name}/rows{i}", (n, r1 - r0, w, c),
+                             "int8", tflite_quant(x.type), options("StridedSliceOptions")))
+    sums = []
+    for i, r in enumerate(rows):
+        wide = b.cast(r, "int16", f"{name}/int16_{i}", one)
+        sums.append(b.op(B.SUM, [wide, axes], f"{name}/sums{i}", (n, 1, 1, c), "int16", one, sum_opts))
+    partial = b.op(B.CONCATENATION, sums, f"{name}/partial", (n, len(sums), 1, c), "int16", one,
                    options("ConcatenationOptions", Axis=1))
-    sums = b.op(B.SUM, [partial, axes], f"{name}/sums", (n, 1, 1, c), "int16", one, sum_opts)
-    return b.cast(sums, "int32", f"{name}/acc")
+    total = b.op(B.SUM, [partial, axes], f"{name}/sums", (n, 1, 1, c), "int16", indexed, sum_opts)
+    return b.cast(total, "int32", f"{name}/index"), rest
 
 
-def _row_chunks(ex: TflmExport, x) -> list[tuple[int, int]]:
-    """Slices of ``x``'s rows to sum one by one: as many as make the arena smallest, counting the peak (``x``
-    beside the int8 and int16 copies of a slice, against the peak the model needs anyway) and each
-    slice's tail (``SLICE_TAIL``: its operators, tensors and kernel data). One slice is the whole plane."""
+def _plane_parts(ex: TflmExport, x) -> tuple[str, list[tuple[int, int]]]:
+    """How to cut ``x``'s rows for ``_plane_index``, the way that makes the arena smallest: its peak (``x``
+    beside the copies, against the peak the model needs anyway) plus ``OP_TAIL`` per operator beyond the
+    whole plane's three. ``whole``: an int16 copy of all of it (3x the bytes of ``x`` live); ``split``: a
+    SPLIT_V in two, then each half's int16 copy (2x); ``slices``: k strided slices, one at a time
+    (1 + 3/k)."""
     n, h, w, c = x.type.shape
-    whole = n * h * w * c
+    size = n * h * w * c
 
-    def arena(k: int) -> int:
-        rows = -(-h // k)
-        transient = 2 * whole if k == 1 else 3 * n * rows * w * c
-        return max(ex.peak_floor, whole + transient) + (0 if k == 1 else SLICE_TAIL * (k + 1))
+    def rows(k: int) -> list[tuple[int, int]]:
+        step = -(-h // k)
+        return [(r, min(r + step, h)) for r in range(0, h, step)]
 
-    best = min(range(1, min(h, MAX_INPUTS[B.CONCATENATION]) + 1), key=arena)
-    rows = -(-h // best)
-    return [(r, min(r + rows, h)) for r in range(0, h, rows)]
+    ways = [(max(ex.peak_floor, 3 * size), "whole", [(0, h)])]
+    if h >= 2:
+        ways.append((max(ex.peak_floor, 2 * size) + 5 * OP_TAIL, "split", rows(2)))
+    for k in range(3, min(h, MAX_INPUTS[B.CONCATENATION]) + 1):
+        parts = rows(k)
+        ways.append((max(ex.peak_floor, size + 3 * n * (parts[0][1] - parts[0][0]) * w * c)
+                     + (3 * len(parts) + 2) * OP_TAIL, "slices", parts))
+    _, mode, parts = min(ways, key=lambda way: way[0])
+    return mode, parts
 
 
 def _sum_range(ex: TflmExport, x, taps: int) -> tuple[int, int]:
@@ -249,50 +268,13 @@ def _avg_pool(ex: TflmExport, op: Op) -> bool:
     sums = np.arange(s_lo, s_hi + 1, dtype=np.int64)
     m = reciprocal_scale(np.asarray([taps]))
     table = np.clip(requant.apply_scale_32(sums, m.multiplier[0], m.shift[0]) + zp, x.dtype.min, x.dtype.max)
-    if _pooled(ex, op, x, table, s_lo, op.attrs["kernel"], op.attrs["stride"]):
-        return True
-    raw = _plane_sums(ex, x, op.result.name) if tuple(op.attrs["kernel"]) == x.type.shape[1:3] else None
-    if raw is not None:
-        lookup(ex, op, table, s_lo + taps * zp, index=raw)
+    index = _plane_index(ex, x, s_lo + taps * zp, op.result.name) \
+        if tuple(op.attrs["kernel"]) == x.type.shape[1:3] else None
+    if index is not None:
+        lookup(ex, op, table, index[1], index=index[0])
         return True
     acc = _window_sums(ex, x, zp, op.attrs["kernel"], op.attrs["stride"], op.result.name)
     lookup(ex, op, table, s_lo, index=acc)
-    return True
-
-
-def tflm_average(raw: np.ndarray, taps: int) -> np.ndarray:
-    """TFLM's int8 AVERAGE_POOL_2D of windows of ``taps`` codes whose raw sums (zero point not removed) are
-    ``raw``: rounded half away from zero by C's integer division, clamped to int8."""
-    half = taps // 2
-    return np.clip(np.where(raw > 0, (raw + half) // taps, -((half - raw) // taps)), -128, 127)
-
-
-def _pooled(ex: TflmExport, op: Op, x, table: np.ndarray, s_lo: int, kernel, stride) -> bool:
-    """``op``'s result, ``table[S - s_lo]`` of each window's sum ``S`` of centered int8 codes, from TFLM's
-    own int8 AVERAGE_POOL_2D ``q`` (one operator, no wider copy of ``x``: the arena's peak in small models)
-    when the table is a function of ``q`` on every sum in range -- checked here, sum by sum -- then looked
-    up by ``q`` unless it is ``q`` itself. False (nothing written) when it is not."""
-    xq = x.type.quant
-    if x.dtype is not DType.INT8 or xq is None or xq.is_per_channel:
-        return False
-    taps = int(np.prod(kernel))
-    sums = np.arange(s_lo, s_lo + table.size, dtype=np.int64)
-    q = tflm_average(sums + taps * int(xq.zero_point[0]), taps)
-    by_q = np.full(256, np.iinfo(np.int64).min, np.int64)
-    by_q[q + 128] = table   # the last sum of each q wins; a function of q iff every sum agrees
-    if not np.array_equal(by_q[q + 128], table):
-        return False
-    b, name, (sh, sw) = ex.b, op.result.name, stride
-    own = tflite_quant(x.type)   # TFLM's pool writes its input's quantization
-    itself = np.array_equal(table, q) and own == tflite_quant(op.result.type)
-    pooled = b.op(B.AVERAGE_POOL_2D, [ex.value(x)], name if itself else f"{name}/pool", op.result.shape, "int8",
-                  own, options("Pool2DOptions", Padding=Padding.VALID, StrideW=sw, StrideH=sh,
-                                       FilterWidth=int(kernel[1]), FilterHeight=int(kernel[0])))
-    if itself:
-        ex.bind(op.result, pooled)
-    else:   # every q between the least and the greatest is some sum's (q moves by one step at most)
-        q_lo, q_hi = int(q.min()), int(q.max())
-        lookup(ex, op, by_q[q_lo + 128:q_hi + 129], q_lo, index=b.cast(pooled, "int32", f"{name}/q"))
     return True
 
 
@@ -332,12 +314,10 @@ def _mean_table(ex: TflmExport, mean: GlobalMean) -> tuple[np.ndarray, int] | No
 
 def _mean(ex: TflmExport, mean: GlobalMean, table: np.ndarray, s_lo: int) -> None:
     x = mean.widen.operands[0]
-    if _pooled(ex, mean.final, x, table, s_lo, mean.pool.attrs["kernel"], (1, 1)):
-        return
     zp, name = x.type.quant.zero_point[0], mean.final.result.name
-    raw = _plane_sums(ex, x, name)
-    if raw is not None:
-        lookup(ex, mean.final, table, s_lo + int(np.prod(mean.pool.attrs["kernel"])) * zp, index=raw)
+    index = _plane_index(ex, x, s_lo + int(np.prod(mean.pool.attrs["kernel"])) * zp, name)
+    if index is not None:
+        lookup(ex, mean.final, table, index[1], index=index[0])
         return
     acc = _window_sums(ex, x, zp, mean.pool.attrs["kernel"], (1, 1), name)
     lookup(ex, mean.final, table, s_lo, index=acc)

@@ -37,9 +37,8 @@ ACCEPTED: dict[int, frozenset[str]] = {
     B.SUM: frozenset({"float32", "int16"}),
     B.LOGICAL_AND: frozenset({"bool"}), B.LOGICAL_OR: frozenset({"bool"}), B.LOGICAL_NOT: frozenset({"bool"}),
     B.TRANSPOSE: frozenset({"int8", "int16", "float32"}),
-    B.PADV2: _ANY, B.RESHAPE: _ANY, B.CONCATENATION: _ANY, B.STRIDED_SLICE: _ANY,
+    B.PADV2: _ANY, B.RESHAPE: _ANY, B.CONCATENATION: _ANY, B.STRIDED_SLICE: _ANY, B.SPLIT_V: _ANY,
     B.MAX_POOL_2D: frozenset({"int8", "int16", "float32"}),
-    B.AVERAGE_POOL_2D: frozenset({"int8"}),   # (exact where export.py proves it; float sums in its own order)
     B.SELECT_V2: frozenset({"int8", "int16", "float32"}),   # keyed by the picked values (KEY_INPUT)
     B.CONV_2D: frozenset({"int8", "float32"}),
     B.DEPTHWISE_CONV_2D: frozenset({"int8", "float32"}),
@@ -81,8 +80,7 @@ def first_refusal(writer, start: int = 0) -> str | None:
         key = KEY_INPUT.get(code, 0)
         first = writer.tensors[op.inputs[key]] if len(op.inputs) > key else None
         if code == B.SUM and first is not None and first.dtype == "int16" and not all(
-                t.quant is not None and t.quant.scale == (1.0,) and t.quant.zero_point == (0,)
-                for t in (first, writer.tensors[op.outputs[0]])):
+                t.quant is not None and t.quant.scale == (1.0,) for t in (first, writer.tensors[op.outputs[0]])):
             return "TFLM's int16 SUM requantizes its sums; only one at scale 1 (exact) is written"
         reason = refusal(code, first.dtype if first else "none",
                          writer.tensors[op.outputs[0]].dtype, len(first.shape) if first else 0)
