@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import qlower
-from qlower.errors import ConfigError, InputError, QlowerError, UnknownTargetError
+from qlower.errors import ConfigError, InputError, InvalidProgramError, QlowerError, UnknownTargetError
 from qlower.ir.requant import RequantRangeError, quantize_multiplier
 
 X = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(0))
@@ -101,12 +101,11 @@ def test_the_thread_limit_can_be_raised(monkeypatch):
     assert prog.meta["threads"] == 300
 
 
-def test_a_saved_program_with_too_many_threads_is_refused_at_run_with_the_limit(tmp_path):
+def test_a_saved_program_with_too_many_threads_is_refused_at_load_with_the_limit(tmp_path):
     prog = _compile(target="cpu")
-    prog.meta["threads"] = 4000   # a file may say so (load accepts up to 4096): running it needs consent
+    prog.meta["threads"] = 4000   # a file may say so: loading it checks the same bound as a run (issue 30)
     prog.save(tmp_path / "p.qlp")
-    loaded = qlower.load(tmp_path / "p.qlp")
-    _raises(ConfigError, "threads=4000", "QLOWER_MAX_THREADS", fn=lambda: loaded.run(X))
+    _raises(InvalidProgramError, "threads", "4000", "QLOWER_MAX_THREADS", fn=lambda: qlower.load(tmp_path / "p.qlp"))
 
 
 def test_concurrent_runs_with_different_thread_counts_leave_torch_as_it_was():
