@@ -12,12 +12,14 @@ Two properties per model:
   layer (the importer's promise); under dynamic quantization, whose scales are chosen at run time,
   its float outputs agree with fake-quant's to 1e-5 of their magnitude.
 
-Each model is drawn with one of four configurations: int8, A16W8, per-tensor weights, dynamic.
+Each model is drawn with one of the configurations in CONFIGS: int8, A16W8, per-tensor weights, dynamic,
+and the range setting / equalization / bias correction methods.
 
 ``QLOWER_FUZZ_EXAMPLES`` examples when set (``make fuzz``), else CI's small budget below.
 """
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -34,7 +36,11 @@ pytestmark = pytest.mark.fuzz
 
 EXAMPLES = int(os.environ.get("QLOWER_FUZZ_EXAMPLES", "0"))
 CONFIGS = {"int8": QuantConfig(), "A16W8": QuantConfig(act_dtype="int16"), "per-tensor weights": QuantConfig(per_channel=False),
-           "dynamic": QuantConfig(mode="dynamic")}
+           "dynamic": QuantConfig(mode="dynamic"),
+           # range setting, equalization, bias correction (issue 28): every method stays within a step
+           "histogram": QuantConfig(observer="histogram"), "percentile": QuantConfig(observer="percentile", percentile=99.9),
+           "mse": QuantConfig(per_channel=False, observer="mse", weight_observer="mse"),
+           "equalize + bias correction": QuantConfig(per_channel=False, equalize=True, bias_correction=True)}
 ACTIVATIONS = {"none": nn.Identity, "relu": nn.ReLU, "relu6": nn.ReLU6, "hardswish": nn.Hardswish}
 
 
@@ -208,6 +214,7 @@ def nets(draw):
 
 
 def _prepared_matches_eager(model, batches, quant, fast_paths=True):
+    quant = replace(quant, bias_correction=False)  # which changes the float function on purpose
     gm = prepare(export_module(model, batches[0], static=quant.mode == "static"), quant, batches, fast_paths)
     with torch.no_grad():
         for (x,) in batches:

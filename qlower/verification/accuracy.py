@@ -149,3 +149,65 @@ def comparison_table(reports: list[AccuracyReport]) -> str:
         if r.detail:
             lines.append(f"    {r.detail}")
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class QuantizationQuality:
+    """What quantization costs on labelled data: top-1 of the float and the quantized model, how often the
+    quantized model picks what the float one picks (``agreement``), and the SQNR of its outputs in dB
+    (float output power over the power of the difference; it moves even when top-1 does not)."""
+
+    images: int
+    fp32: float
+    quantized: float
+    agreement: float
+    sqnr_db: float
+
+
+def _outputs(model, inputs: tuple[torch.Tensor, ...], count: int, batch: int) -> np.ndarray:
+    """``model``'s first output on the first ``count`` inputs, ``batch`` at a time when it takes batches (an
+    exported graph may be specialised to a batch of 1: then one at a time)."""
+    rows = []
+    i = 0
+    while i < count:
+        n = min(batch, count - i)
+        out = first_output(model(*(t[i:i + n] for t in inputs)))
+        out = np.asarray(out.detach() if isinstance(out, torch.Tensor) else out, dtype=np.float64)
+        if out.shape[0] != n:
+            raise ValueError("the model returned another batch size")
+        rows.append(out.reshape(n, -1))
+        i += n
+    return np.concatenate(rows)
+
+
+@torch.no_grad()
+def quantization_quality(float_model, quantized_model, data: object, *, limit: int | None = None,
+                         batch: int = 64, reference: np.ndarray | None = None) -> QuantizationQuality:
+    """Compare ``quantized_model`` (e.g. a program's ``frontend.fake_quant``, or anything callable on a batch of
+    inputs) with ``float_model`` on ``data`` (inputs, labels). ``reference``: the float model's outputs
+    on the same inputs when already computed."""
+    inputs, labels = labelled(data)
+    count = len(labels) if limit is None else min(limit, len(labels))
+    ref = reference[:count] if reference is not None else _outputs(float_model, inputs, count, batch)
+
+    try:
+        got = _outputs(quantized_model, inputs, count, batch)
+    except Exception:  # noqa: BLE001  (a graph specialised to one input fails in many ways on a batch)
+        got = _outputs(quantized_model, inputs, count, 1)
+    truth = labels[:count]
+    noise = float(np.sum((ref - got) ** 2))
+    signal = float(np.sum(ref ** 2))
+    sqnr = float("inf") if noise == 0 else 10 * np.log10(signal / noise)
+    return QuantizationQuality(images=count, fp32=float(np.mean(ref.argmax(1) == truth)),
+                               quantized=float(np.mean(got.argmax(1) == truth)),
+                               agreement=float(np.mean(got.argmax(1) == ref.argmax(1))), sqnr_db=sqnr)
+
+
+def float_outputs(model, data: object, *, batch: int = 64) -> np.ndarray:
+    """The float model's outputs ``[N, ...]`` on ``data``, flattened per input (reused across comparisons)."""
+    inputs, labels = labelled(data)
+    with torch.no_grad():
+        try:
+            return _outputs(model, inputs, len(labels), batch)
+        except Exception:  # noqa: BLE001
+            return _outputs(model, inputs, len(labels), 1)
