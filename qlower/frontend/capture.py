@@ -20,9 +20,10 @@ from operator import attrgetter
 import torch
 from torch import nn
 from torch.fx import GraphModule
+from torch.utils import _pytree as pytree
 from tqdm.auto import tqdm
 
-from qlower.errors import InputError, QlowerError, UnsupportedOpError
+from qlower.errors import ConfigError, InputError, QlowerError, UnsupportedOpError
 from qlower.frontend.batch_norm_fold import fold_batch_norms
 from qlower.frontend.config import QuantConfig
 from qlower.frontend.constant_fold import fold_constant_subgraphs
@@ -205,12 +206,35 @@ def rewrite_weights(gm: GraphModule, quant: QuantConfig, batches: list[tuple]) -
     from qlower.frontend.equalization import equalize
     from qlower.frontend.smoothquant import smooth
 
-    if quant.equalize:
-        equalize(gm)
-    if quant.smooth is not None:
-        smooth(gm, batches, quant.smooth)
+    if quant.equalize or quant.smooth is not None:
+        before = _float_outputs(gm, batches)
+        if quant.equalize:
+            equalize(gm)
+        if quant.smooth is not None:
+            smooth(gm, batches, quant.smooth)
+        _check_same_function(before, _float_outputs(gm, batches),
+                             "equalize=True" if quant.equalize else f"smooth={quant.smooth}")
     if quant.bias_correction:
         correct_biases(gm, batches, quant)
+
+
+def _float_outputs(gm: GraphModule, batches: list[tuple]) -> list[torch.Tensor]:
+    with torch.no_grad():
+        return [o for b in batches for o in pytree.tree_leaves(gm(*b)) if isinstance(o, torch.Tensor)]
+
+
+def _check_same_function(before: list[torch.Tensor], after: list[torch.Tensor], what: str) -> None:
+    """Equalization and SmoothQuant promise the float function unchanged: a model where a rewrite
+    breaks that promise is refused, never compiled as another model (checked on the calibration data)."""
+    for b, a in zip(before, after, strict=True):
+        if not b.is_floating_point():
+            continue
+        tolerance = 1e-4 * max(1.0, float(b.abs().max()))
+        diff = float((a - b).abs().max()) if b.numel() else 0.0
+        if not diff <= tolerance:
+            raise ConfigError(f"QuantConfig({what}) changed this model's float function on the calibration data "
+                              f"(max difference {diff:.3g}, allowed {tolerance:.3g}): qlower refuses to compile "
+                              "another model than yours; compile without it")
 
 
 def _graph_copy(gm: GraphModule) -> GraphModule:
