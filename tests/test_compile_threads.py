@@ -15,8 +15,9 @@ from qlower.ir import print_graph
 TARGETS = ("reference", "tosa-1.0+int", "reference", "tosa-1.0+int")
 
 
-def _compile(target: str):
-    model, example, quant, calibration = zoo.get("tiny_cnn")
+def _compile(target: str, built=None):
+    # the zoo seeds torch's global RNG to make its weights: models are built before the threads start
+    model, example, quant, calibration = built or zoo.get("tiny_cnn")
     prog = qlower.compile(model, example, target=target, quant=quant, calibration=calibration, progress=False)
     return print_graph(prog.graph), prog.artifacts(), prog.run(*example)
 
@@ -26,11 +27,12 @@ def test_four_threads_compile_what_one_thread_compiles():
     expected = {t: _compile(t) for t in set(TARGETS)}
     results: dict[int, object] = {}
     barrier = threading.Barrier(len(TARGETS))
+    built = [zoo.get("tiny_cnn") for _ in TARGETS]
 
     def job(i: int, target: str) -> None:
         barrier.wait()
         try:
-            results[i] = _compile(target)
+            results[i] = _compile(target, built[i])
         except BaseException as e:  # noqa: BLE001 - compared below
             results[i] = e
 

@@ -255,7 +255,7 @@ class VerificationReport:
 
     def view(self, port: int | None = None, open_browser: bool = True) -> None:
         """Open the verified program's graph in Model Explorer with this report's per-node overlays
-        (steps, SQNR, exact share; Vela's cycles): ``qlower view prog.qlp --report r.json`` from
+        (steps, SQNR, exact share; per-layer cycles): ``qlower view prog.qlp --report r.json`` from
         Python. Blocks until Ctrl-C; needs the ``qlower[view]`` extra (qlower/view/, a later stage:
         reached through qlower.late)."""
         from qlower.late import late
