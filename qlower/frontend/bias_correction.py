@@ -21,7 +21,7 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from qlower.frontend.config import QuantConfig
-from qlower.frontend.constants import attribute_tensor, written_nodes
+from qlower.frontend.constants import attribute_tensor, set_attribute_tensor, written_nodes
 from qlower.frontend.observers import fake_quantize_weight, weight_observer
 
 aten = torch.ops.aten
@@ -85,10 +85,7 @@ def _subtract(gm: GraphModule, gemm: Node, shift: torch.Tensor, uses: Counter) -
         old = attribute_tensor(gm, bias).detach()
         new = (old.to(torch.float64) - shift).to(old.dtype)
         if bias.op == "get_attr" and uses[bias.target] == 1 and len(bias.users) == 1:
-            owner, _, name = bias.target.rpartition(".")
-            value = getattr(gm.get_submodule(owner), name)
-            setattr(gm.get_submodule(owner), name,
-                    torch.nn.Parameter(new, requires_grad=False) if isinstance(value, torch.nn.Parameter) else new)
+            set_attribute_tensor(gm, bias.target, new)
             return
     else:
         dtype = attribute_tensor(gm, gemm.args[1]).dtype

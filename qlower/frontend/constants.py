@@ -40,6 +40,16 @@ def attribute_tensor(gm: GraphModule, node: object) -> torch.Tensor | None:
     return value
 
 
+def set_attribute_tensor(gm: GraphModule, target: str, value: torch.Tensor) -> None:
+    """Replace the attribute ``target`` of ``gm`` with ``value`` in its old dtype, a frozen Parameter
+    where it was a Parameter (the weight rewrites: equalization, SmoothQuant, bias correction)."""
+    owner, _, name = target.rpartition(".")
+    old = getattr(gm.get_submodule(owner), name)
+    new = value.to(old.dtype)
+    setattr(gm.get_submodule(owner), name,
+            torch.nn.Parameter(new, requires_grad=False) if isinstance(old, torch.nn.Parameter) else new)
+
+
 def written_nodes(gm: GraphModule) -> set[Node]:
     """Nodes some op writes in place (an argument its schema marks as written), and what they are
     views of: not constants."""

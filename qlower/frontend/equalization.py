@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch.fx import GraphModule, Node
 
-from qlower.frontend.constants import attribute_tensor
+from qlower.frontend.constants import attribute_tensor, set_attribute_tensor
 
 aten = torch.ops.aten
 
@@ -126,28 +126,20 @@ def _output_ranges(gm: GraphModule, node: Node) -> torch.Tensor:
     return w.reshape(w.shape[0], -1).amax(1)
 
 
-def _set(gm: GraphModule, target: str, value: torch.Tensor) -> None:
-    owner, _, name = target.rpartition(".")
-    old = getattr(gm.get_submodule(owner), name)
-    new = value.to(old.dtype)
-    setattr(gm.get_submodule(owner), name,
-            torch.nn.Parameter(new, requires_grad=False) if isinstance(old, torch.nn.Parameter) else new)
-
-
 def _apply(gm: GraphModule, pair: _Pair, s: torch.Tensor) -> None:
     """Output channel i of ``first`` divided by ``s_i``, input channel i of ``second`` multiplied."""
     w1 = _weight(gm, pair.first).detach().to(torch.float64)
     shape = (-1,) + (1,) * (w1.dim() - 1)
-    _set(gm, pair.first.args[1].target, w1 / s.reshape(shape))
+    set_attribute_tensor(gm, pair.first.args[1].target, w1 / s.reshape(shape))
     bias = _bias(pair.first)
     if bias is not None:
-        _set(gm, bias.target, attribute_tensor(gm, bias).detach().to(torch.float64) / s)
+        set_attribute_tensor(gm, bias.target, attribute_tensor(gm, bias).detach().to(torch.float64) / s)
     w2 = _weight(gm, pair.second).detach().to(torch.float64)
     if pair.second.target in CONVS and _groups(pair.second) > 1:
         w2 = w2 * s.reshape((-1,) + (1,) * (w2.dim() - 1))
     else:
         w2 = w2 * s.reshape((1, -1) + (1,) * (w2.dim() - 2))
-    _set(gm, pair.second.args[1].target, w2)
+    set_attribute_tensor(gm, pair.second.args[1].target, w2)
     pair.total *= s
 
 

@@ -22,7 +22,7 @@ from collections import Counter
 import torch
 from torch.fx import GraphModule, Interpreter, Node
 
-from qlower.frontend.constants import attribute_tensor
+from qlower.frontend.constants import attribute_tensor, set_attribute_tensor
 
 aten = torch.ops.aten
 
@@ -65,14 +65,6 @@ class _ChannelMax(Interpreter):
         return out
 
 
-def _set(gm: GraphModule, target: str, value: torch.Tensor) -> None:
-    owner, _, name = target.rpartition(".")
-    old = getattr(gm.get_submodule(owner), name)
-    new = value.to(old.dtype)
-    setattr(gm.get_submodule(owner), name,
-            torch.nn.Parameter(new, requires_grad=False) if isinstance(old, torch.nn.Parameter) else new)
-
-
 def smooth(gm: GraphModule, batches: list[tuple], alpha: float) -> int:
     """Smooth, in place, every LayerNorm -> linear group described above; returns how many."""
     found = _candidates(gm)
@@ -91,8 +83,8 @@ def smooth(gm: GraphModule, batches: list[tuple], alpha: float) -> int:
         s = x_max.clamp_min(1e-12) ** alpha / w_max.clamp_min(1e-12) ** (1 - alpha)
         s = torch.where((x_max > 0) & (w_max > 0), s, torch.ones_like(s)).clamp(1e-4, 1e4)
         for p in norm.args[2:4]:
-            _set(gm, p.target, attribute_tensor(gm, p).detach().to(torch.float64) / s)
+            set_attribute_tensor(gm, p.target, attribute_tensor(gm, p).detach().to(torch.float64) / s)
         for r in readers:
-            _set(gm, r.args[1].target, attribute_tensor(gm, r.args[1]).detach().to(torch.float64) * s)
+            set_attribute_tensor(gm, r.args[1].target, attribute_tensor(gm, r.args[1]).detach().to(torch.float64) * s)
     gm.recompile()
     return len(found)
