@@ -119,32 +119,36 @@ def _weight_mse_clip(w: torch.Tensor, axis: int | None, qmin: int, qmax: int) ->
     return best.to(torch.float32)
 
 
-class WeightMSEObserver(MinMaxObserver):
+class _LastWeightMSE:
+    """Mixin for torchao's min/max weight observers: remembers the last tensor observed and clips it
+    where the squared quantization error is least (per channel of ``_mse_axis()``, or per tensor)."""
+
+    def forward(self, x):
+        self._last = x.detach()
+        return super().forward(x)
+
+    def calculate_qparams(self):
+        if getattr(self, "_last", None) is None:
+            return super().calculate_qparams()
+        axis = self._mse_axis()
+        clip = _weight_mse_clip(self._last, axis, self.quant_min, self.quant_max)
+        if axis is None:
+            clip = clip[0]
+        return self._calculate_qparams(-clip, clip)
+
+
+class WeightMSEObserver(_LastWeightMSE, MinMaxObserver):
     """Symmetric per-tensor weight clip of least squared error (over the last tensor observed)."""
 
-    def forward(self, x):
-        self._last = x.detach()
-        return super().forward(x)
-
-    def calculate_qparams(self):
-        if getattr(self, "_last", None) is None:
-            return super().calculate_qparams()
-        clip = _weight_mse_clip(self._last, None, self.quant_min, self.quant_max)[0]
-        return self._calculate_qparams(-clip, clip)
+    def _mse_axis(self) -> int | None:
+        return None
 
 
-class PerChannelWeightMSEObserver(PerChannelMinMaxObserver):
+class PerChannelWeightMSEObserver(_LastWeightMSE, PerChannelMinMaxObserver):
     """Symmetric per-channel weight clips of least squared error (over the last tensor observed)."""
 
-    def forward(self, x):
-        self._last = x.detach()
-        return super().forward(x)
-
-    def calculate_qparams(self):
-        if getattr(self, "_last", None) is None:
-            return super().calculate_qparams()
-        clip = _weight_mse_clip(self._last, self.ch_axis, self.quant_min, self.quant_max)
-        return self._calculate_qparams(-clip, clip)
+    def _mse_axis(self) -> int | None:
+        return self.ch_axis
 
 
 def activation_observer(observer: str, percentile: float = 99.99):
