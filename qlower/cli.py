@@ -11,7 +11,6 @@ or new paths (safe_paths.py).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 import qlower
+from qlower import model_spec
 from qlower.errors import ConfigError, InputError, QlowerError
 from qlower.safe_paths import check_destination, open_regular
 
@@ -109,42 +109,10 @@ def read_npy(path: str) -> np.ndarray:
 
 def _load_model(spec: str, size: int | None, trained: bool = False):
     """``zoo:NAME`` or ``path/to/file.py:factory`` → (model, example_inputs, quant, calibration)."""
-    if spec.startswith("zoo:"):
-        from qlower import zoo
-
-        if spec[4:] not in zoo.names():
-            raise UsageError(f"unknown zoo model {spec[4:]!r}; `qlower zoo` lists them")
-        if trained and spec[4:] not in zoo.trained_names():
-            raise UsageError(f"zoo model {spec[4:]!r} has no trained weights; trained models: "
-                             f"{', '.join(zoo.trained_names())}")
-        return zoo.get(spec[4:], size=size, trained=trained)
-    if trained:
-        raise UsageError("--trained applies to zoo:NAME models only")
-    path, _, factory = spec.rpartition(":")
-    if not path or not factory:
-        raise UsageError(f"{spec!r} is neither zoo:NAME nor FILE.py:FACTORY")
-    if not Path(path).is_file():
-        raise UsageError(f"{spec!r}: no file {path!r} (expected zoo:NAME or FILE.py:FACTORY)")
     try:
-        mod_spec = importlib.util.spec_from_file_location(Path(path).stem, path)
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-    except Exception as e:  # noqa: BLE001 - the user's file: any error it raises is reported in one line
-        raise UsageError(f"{path} failed to import: {type(e).__name__}: {e}") from None
-    fn = getattr(module, factory, None)
-    if not callable(fn):
-        raise UsageError(f"{path} has no function {factory!r}")
-    try:
-        result = fn()
-    except Exception as e:  # noqa: BLE001
-        raise UsageError(f"{path}:{factory}() raised {type(e).__name__}: {e}") from None
-    if isinstance(result, tuple) and len(result) == 4:
-        return result
-    if isinstance(result, tuple) and len(result) == 2:
-        model, example_inputs = result
-        return model, example_inputs, qlower.QuantConfig(), [example_inputs]
-    raise UsageError(f"{path}:{factory}() returned {type(result).__name__}; expected (model, example_inputs) or "
-                     "(model, example_inputs, quant, calibration)")
+        return model_spec.load(spec, size=size, trained=trained)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def cmd_zoo(args) -> int:

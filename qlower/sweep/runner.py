@@ -10,14 +10,12 @@ process itself is caught by the executor.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import statistics
 import time
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-from qlower.errors import ConfigError
+from qlower import model_spec
 from qlower.sweep.jobs import Job
 from qlower.sweep.rows import empty_row
 
@@ -29,33 +27,10 @@ def load_model(job: Job) -> tuple[Any, tuple, Any, list]:
     model's own configuration."""
     from qlower.frontend.config import QuantConfig
 
-    spec = job.model
-    if callable(spec):
-        result = spec()
-    elif spec.startswith("zoo:"):
-        from qlower import zoo
-
-        result = zoo.get(spec[4:], size=job.size, trained=job.trained)
-    else:
-        path, _, factory = spec.rpartition(":")
-        mod_spec = importlib.util.spec_from_file_location(f"qlower_sweep_model_{Path(path).stem}", path)
-        module = importlib.util.module_from_spec(mod_spec)
-        mod_spec.loader.exec_module(module)
-        fn = getattr(module, factory, None)
-        if not callable(fn):
-            raise ConfigError(f"{path} has no function {factory!r}")
-        result = fn()
-    if isinstance(result, tuple) and len(result) == 2:
-        model, example = result
-        quant, calibration = QuantConfig(), [tuple(example)]
-    elif isinstance(result, tuple) and len(result) == 4:
-        model, example, quant, calibration = result
-    else:
-        raise ConfigError(f"{job.model_name} returned {type(result).__name__}; expected (model, example_inputs) or "
-                          "(model, example_inputs, quant, calibration)")
+    model, example, quant, calibration = model_spec.load(job.model, size=job.size, trained=job.trained)
     if job.quant:
         quant = replace(quant if quant is not None else QuantConfig(), **job.quant)
-    return model, tuple(example), quant, list(calibration)
+    return model, example, quant, calibration
 
 
 def _hash_tensor(h: Any, name: str, t: Any) -> None:
