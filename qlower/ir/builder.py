@@ -110,11 +110,13 @@ def rebuild(graph: Graph, rewrite: Callable[[GraphBuilder, Op, tuple[Operand, ..
     return b.build([finish(b, v, mapping[v]) for v in graph.outputs])
 
 
-def copy_ops(graph: Graph, ops: list[Op], name: str, used_outside: set[Value]) -> tuple[Graph, list[Value], list[Value]]:
+def copy_ops(graph: Graph, ops: list[Op], name: str, used_outside: set[Value],
+             producer: dict[Value, Op] | None = None) -> tuple[Graph, list[Value], list[Value]]:
     """Copy ``ops`` (plus the constants they read) into a graph of their own: what they read from
     other ops becomes its inputs, their results in ``used_outside`` its outputs. Returns the graph and
-    the original values behind its inputs and outputs."""
-    producer = graph.producers()
+    the original values behind its inputs and outputs. ``producer``: ``graph.producers()``, passed in
+    by a caller that copies many groups of one graph (computing it per group is quadratic)."""
+    producer = graph.producers() if producer is None else producer
     inside = set(ops)
     b = GraphBuilder(name)
     mapping: dict[Value, Value] = {}

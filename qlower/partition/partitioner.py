@@ -199,6 +199,7 @@ def _partition(graph: Graph, backend: Backend, target: str, prefix: str, trace: 
     bar.total += len(groups)
 
     users = graph.users()
+    producers = graph.producers()
     outputs = set(graph.outputs)
 
     def used_outside(group: list[Op]) -> set[Value]:
@@ -210,7 +211,7 @@ def _partition(graph: Graph, backend: Backend, target: str, prefix: str, trace: 
     boundaries: dict[int, tuple[list[Value], list[Value]]] = {}
     for idx, (pid, ops) in enumerate(sorted(groups.items())):
         name = f"{prefix}{idx}"
-        sub, bin_, bout = copy_ops(graph, ops, name, used_outside(ops))
+        sub, bin_, bout = copy_ops(graph, ops, name, used_outside(ops), producers)
         bar.set_description(f"{target}: lowering {name}")
         try:
             payload = backend.lower(sub, target, trace=trace)
