@@ -67,7 +67,9 @@ class QuantConfig:
     quantization error is least; ``"minmax"`` keeps their extremes.
     ``equalize=True`` rescales consecutive conv / linear channels (through ReLU / ReLU6 and
     folded BatchNorms) so their weight ranges match, the float function unchanged
-    (frontend/equalization.py); ``bias_correction=True`` removes from each conv / linear bias
+    (frontend/equalization.py); ``absorb_bias=True`` (with ``equalize``) moves the part of a
+    bias before a ReLU / ReLU6 that stays positive on the calibration data into the next layer's
+    bias (exact where the activation never clips it); ``bias_correction=True`` removes from each conv / linear bias
     the mean output shift its weight quantization causes on the calibration data
     (frontend/bias_correction.py); ``smooth=alpha`` (SmoothQuant, in [0, 1]) moves activation
     outliers of a LayerNorm's output into the linear layers reading it (frontend/smoothquant.py).
@@ -90,6 +92,7 @@ class QuantConfig:
     percentile: float = 99.99
     weight_observer: Literal["minmax", "mse"] = "minmax"
     equalize: bool = False
+    absorb_bias: bool = False
     bias_correction: bool = False
     smooth: float | None = None
 
@@ -101,7 +104,7 @@ class QuantConfig:
             if getattr(self, name) not in accepted:
                 raise ConfigError(f"QuantConfig.{name} must be one of {', '.join(map(repr, accepted))}, "
                                   f"got {getattr(self, name)!r}")
-        for name in ("per_channel", "symmetric_acts", "equalize", "bias_correction"):
+        for name in ("per_channel", "symmetric_acts", "equalize", "absorb_bias", "bias_correction"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"QuantConfig.{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("act_qmin", "act_qmax", "weight_qmin", "weight_qmax"):
@@ -138,6 +141,9 @@ class QuantConfig:
                 self.smooth, (int, float, np.integer, np.floating)) or not 0 <= self.smooth <= 1):
             raise ConfigError(f"QuantConfig.smooth is SmoothQuant's migration strength alpha, a number in [0, 1] "
                               f"(or None: off); got {self.smooth!r}")
+        if self.absorb_bias and not self.equalize:
+            raise ConfigError("QuantConfig.absorb_bias moves biases between the layer pairs that equalization "
+                              "finds: it needs equalize=True")
         if self.mode == "dynamic" and self.observer != "minmax":
             raise ConfigError(f"QuantConfig.observer={self.observer!r} sets ranges from calibration data: it needs "
                               "mode='static' (dynamic mode takes each activation's range at run time)")
@@ -155,7 +161,8 @@ class QuantConfig:
         return hash((self.mode, self.per_channel, self.act_qmin, self.act_qmax, self.symmetric_acts,
                      self.weight_qmin, self.weight_qmax, self.granularity, tuple(sorted(self.fixed.items())), self.fallback,
                      self.act_dtype, tuple(sorted(self.layer_dtypes.items())), self.auto_int16, self.observer,
-                     self.percentile, self.weight_observer, self.equalize, self.bias_correction, self.smooth))
+                     self.percentile, self.weight_observer, self.equalize, self.absorb_bias, self.bias_correction,
+                     self.smooth))
 
     @property
     def rewrites_weights(self) -> bool:
