@@ -17,7 +17,7 @@ from qlower.ir.type_rules import (
     same_domain,
 )
 
-ROUNDINGS = ("single", "double", "double_half_up")
+ROUNDINGS = ("single", "double", "double_half_up", "fp32", "integer_multiplier")   # requant.py
 
 
 @register("rescale", ("input",), out=REQUIRED, rounding="single")

@@ -30,6 +30,9 @@ class Multiplier:
 
     multiplier: np.ndarray  # int64, in [0, 2**31)
     shift: np.ndarray       # int64, in [MIN_SHIFT, MAX_SHIFT]
+    # the same ratio as XNNPACK computes it, for the FLOAT_ROUNDINGS: the float32 quotient of the
+    # float32 scales (None when the Multiplier was made from a ratio alone)
+    scale32: np.ndarray | None = None
 
     @property
     def per_channel(self) -> bool:
@@ -143,16 +146,51 @@ def apply_scale_high_mul(value: np.ndarray, multiplier: np.ndarray, shift: np.nd
     return np.right_shift(high + half, right)
 
 
+FLOAT_ROUNDINGS = ("fp32", "integer_multiplier")   # XNNPACK's, computed from ``Multiplier.scale32``
+
+
+def xnnpack_scale(in_scale: np.ndarray | float, out_scale: float) -> np.ndarray:
+    """XNNPACK's requantization scale: ``in_scale / out_scale`` computed in float32 from the float32 scales.
+
+    XNNPACK computes ``input_scale * kernel_scale[c] / output_scale`` in float32 from the float32 scales
+    a .tflite stores; an accumulator's scale ``s_in * s_w`` (float32s) is exact in float64, so its float32
+    rounding is that float32 product, and the quotient below is XNNPACK's to the bit. (A ratio of two
+    float32s rounded to float64 and then to float32 is the float32 quotient: 53 >= 2 * 24 + 2 bits.)"""
+    num = np.asarray(in_scale, dtype=np.float64).astype(np.float32)
+    return np.atleast_1d(num / np.float32(out_scale)).astype(np.float32)
+
+
+def apply_scale_fp32(value: np.ndarray, scale32: np.ndarray, rounding: str) -> np.ndarray:
+    """XNNPACK's requantization of int32 ``value`` (centered codes) by a float32 ratio, before the zero point.
+
+    ``"fp32"`` (its convolutions and fully connected layers, every variant: AVX2/AVX-512 and NEON
+    ``fp32`` microkernels): the value converted to float32 (rounding to nearest even above 2**24), times
+    ``scale32`` in float32, rounded half to even (``cvtps``/``vcvtn``/magic-bias, all the same rounding).
+    ``"integer_multiplier"`` (the operand scaling of its int8 ADD): ``scale32`` rounded half to even to
+    an integer once, then an exact integer product."""
+    value = np.asarray(value, dtype=np.int64)
+    if np.any(value < -(2**31)) or np.any(value >= 2**31):
+        raise RequantRangeError("an XNNPACK requantization input leaves int32")
+    if rounding == "integer_multiplier":
+        return value * np.rint(scale32).astype(np.int64)
+    return np.rint(value.astype(np.float32) * scale32).astype(np.int64)   # |product| < 2**39: exact in int64
+
+
 def rescale(codes: np.ndarray, in_zp: np.ndarray | int, out_zp: int, mult: Multiplier,
             qmin: int, qmax: int, axis: int | None = None, double_round: bool = False,
             rounding: str | None = None) -> np.ndarray:
     """TOSA RESCALE followed by a clamp to [qmin, qmax]: returns int64 codes.
 
     ``in_zp`` and the multiplier may be per channel along ``axis``. ``rounding`` ("single",
-    "double" or "double_half_up", the IR's rescale roundings) overrides ``double_round``.
+    "double", "double_half_up", or one of XNNPACK's ``FLOAT_ROUNDINGS``, which need ``mult.scale32``;
+    the IR's rescale roundings) overrides ``double_round``.
     """
     codes = np.asarray(codes, dtype=np.int64)
     m, s = mult.multiplier, mult.shift
+    if rounding in FLOAT_ROUNDINGS:
+        if mult.scale32 is None:
+            raise RequantRangeError(f"a {rounding} rescale needs the float32 scales (requantize_ratio)")
+        m = mult.scale32
     zp = np.asarray(in_zp, dtype=np.int64)
     if axis is not None:
         shape = [1] * codes.ndim
@@ -161,7 +199,9 @@ def rescale(codes: np.ndarray, in_zp: np.ndarray | int, out_zp: int, mult: Multi
         zp = zp.reshape(shape) if zp.size > 1 else zp.reshape(())
     else:
         m, s, zp = m.reshape(()), s.reshape(()), zp.reshape(())
-    if rounding == "double_half_up":
+    if rounding in FLOAT_ROUNDINGS:
+        out = apply_scale_fp32(codes - zp, m, rounding) + np.int64(out_zp)
+    elif rounding == "double_half_up":
         out = apply_scale_high_mul(codes - zp, m, s) + np.int64(out_zp)
     else:
         out = apply_scale_32(codes - zp, m, s, double_round or rounding == "double") + np.int64(out_zp)
@@ -169,5 +209,6 @@ def rescale(codes: np.ndarray, in_zp: np.ndarray | int, out_zp: int, mult: Multi
 
 
 def requantize_ratio(in_scale: np.ndarray | float, out_scale: float) -> Multiplier:
-    """Multiplier for codes in ``in_scale`` to codes in ``out_scale``."""
-    return quantize_multiplier(np.asarray(in_scale, dtype=np.float64) / np.float64(out_scale))
+    """Multiplier for codes in ``in_scale`` to codes in ``out_scale`` (with XNNPACK's float32 ratio)."""
+    m = quantize_multiplier(np.asarray(in_scale, dtype=np.float64) / np.float64(out_scale))
+    return Multiplier(m.multiplier, m.shift, xnnpack_scale(in_scale, out_scale))
