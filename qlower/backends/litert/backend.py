@@ -3,14 +3,13 @@
 ``kernels`` picks LiteRT's kernel family: ``"reference"`` (BUILTIN_REF, the default),
 ``"builtin"`` (the optimized builtin kernels, BUILTIN_WITHOUT_DEFAULT_DELEGATES) or
 ``"xnnpack"`` (the default delegates). Before partitioning, its ``rewrites`` give residual
-adds TFLite ADD's rounding (fused_add.py) and every rescale that fuses into a TFLite GEMM
-the rounding those kernels use (rounding.py), each within a step per rescale of the graph
-it receives, so the program's form is what LiteRT computes: reference and builtin are
-bit-exact with it, and within those bounds of the canonical program. XNNPACK requantizes some convolutions in float32, so
-its payloads are approximate anyway and take XNNPACK's own forms of quantize,
-dequantize, global means and padding (``export.py``, ``native``), which the delegate runs
-as one subgraph; they say so (``meta["exactness"]``, ``meta["forms"]``) and
-benchmarks/latency.py and litert_exactness.py measure it.
+adds the form of the ADD that runs them (TFLite's, fused_add.py, or XNNPACK's, xnnpack_add.py)
+and every rescale that fuses into a TFLite GEMM the rounding those kernels use (rounding.py;
+XNNPACK's float32 requantization for ``xnnpack``), each within a step per rescale of the graph
+it receives, so the program's form is what LiteRT computes: every family is bit-exact with it,
+and within those bounds of the canonical program. XNNPACK payloads take XNNPACK's own forms of
+quantize, dequantize and padding (``export.py``, ``native``, exact as well), so the delegate runs
+them as one subgraph; benchmarks/latency.py and litert_exactness.py measure both.
 
 Interpreters are built once per model (the flatbuffer is verified first, see
 verify.py) and kept in a small bounded cache keyed by the model's SHA-256 and the
@@ -33,8 +32,9 @@ from qlower.backends.litert import rounding
 from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, unsupported_reason
 from qlower.backends.litert.fused_add import TfliteAdd, add_groups
 from qlower.backends.litert.verify import builtin_counts, loaded_payload_problem, model_description, verify_tflite
+from qlower.backends.litert.xnnpack_add import XnnpackAdd, xnnpack_add_groups
 from qlower.backends.threads import available_cores, check_threads
-from qlower.contract import Backend, Execution, Exporter, Payload, Verdict, check_payload_inputs
+from qlower.contract import Backend, Exporter, Payload, Verdict, check_payload_inputs
 from qlower.errors import ConfigError, ExecutionError, InputError
 from qlower.ir import Graph, Op
 from qlower.ir.rewrite import Rewrite
@@ -42,13 +42,12 @@ from qlower.ir.rewrite import Rewrite
 MODEL_BLOB = "model.tflite"
 Kernels = Literal["reference", "builtin", "xnnpack"]
 KERNELS: tuple[str, ...] = typing.get_args(Kernels)
-NATIVE_FORMS = ("xnnpack",)   # kernels approximate already: the export takes their own forms (export.py)
+NATIVE_FORMS = ("xnnpack",)   # the export takes the delegate's own forms, so it runs as one subgraph (export.py)
 _EXACTNESS = {
     "reference": "bit-exact with the reference interpreter (LiteRT reference kernels, BUILTIN_REF)",
     "builtin": "bit-exact with the reference interpreter (LiteRT optimized builtin kernels)",
-    "xnnpack": ("XNNPACK delegate: requantizes some convolutions in float32 and runs TFLite's own QUANTIZE, "
-                "DEQUANTIZE and MEAN, so codes may differ from the reference interpreter by a step near rounding "
-                "ties (measured in benchmarks/litert_exactness.py)"),
+    "xnnpack": ("bit-exact with the reference interpreter (LiteRT's XNNPACK delegate: its float32 "
+                "requantization and its ADD are the program's form)"),
 }
 _CACHE_SIZE = 16
 
@@ -63,7 +62,8 @@ def export_program(source: Graph, payloads: Sequence[Payload], description: str)
 class LiteRtBackend(Backend):
     name = "litert"
     targets = ("litert",)
-    execution_kinds = ("approximate",)   # XNNPACK: a kernel family known to differ, with its bound
+    # XNNPACK payloads written before its arithmetic was modelled say they are approximate; they still load
+    execution_kinds = ("approximate",)
 
     @classmethod
     def exporters(cls, target: str) -> dict[str, Exporter]:
@@ -86,13 +86,16 @@ class LiteRtBackend(Backend):
         self._fused: set[int] = set()
 
     def rewrites(self, target: str) -> tuple[Rewrite, ...]:
-        """Residual adds in TFLite ADD's form, fused requantization with the kernels' rounding."""
-        return (TfliteAdd(), rounding.KernelRounding(self.kernels))
+        """Residual adds in the form of the ADD that runs them (XNNPACK's where the delegate takes it,
+        else TFLite's), fused requantization with the kernels' rounding."""
+        adds = (XnnpackAdd(), TfliteAdd()) if self.kernels == "xnnpack" else (TfliteAdd(),)
+        return (*adds, rounding.KernelRounding(self.kernels))
 
     def prepare(self, graph: Graph) -> None:
         """Note the ops that fuse into one TFLite kernel: only as a whole do they have a TFLite form."""
         self._fused = {id(op) for pair in fused_pairs(graph).values() for op in pair}
-        self._fused |= {id(op) for g in add_groups(graph).values() for op in (g.out, *g.members)}
+        groups = add_groups(graph) | (xnnpack_add_groups(graph) if self.kernels == "xnnpack" else {})
+        self._fused |= {id(op) for g in groups.values() for op in (g.out, *g.members)}
 
     def supports(self, op: Op, target: str) -> Verdict:
         if id(op) in self._fused:
@@ -116,10 +119,7 @@ class LiteRtBackend(Backend):
             meta={"kernels": self.kernels, "threads": self.threads, "exactness": _EXACTNESS[self.kernels],
                   "forms": "native" if native else "exact",
                   "tflite_ops": builtin_counts(model), "tflite_bytes": len(model),
-                  "exact_kernels": rounding.exact_kernels(subgraph),
-                  # as Ethos-U says its execution is simulated: `qlower run` prints it
-                  **({"execution": str(Execution(self.execution_kinds[0], _EXACTNESS[self.kernels]))}
-                     if self.kernels not in rounding.GUARANTEED else {})},
+                  "exact_kernels": rounding.exact_kernels(subgraph)},
         )
 
     def check_meta(self, payload: Payload) -> str | None:

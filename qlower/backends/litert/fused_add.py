@@ -86,9 +86,16 @@ class TfliteAdd(Rewrite):
 
 def _add_rescales(graph: Graph) -> tuple[set[int], set[int]]:
     """(ids of the operand rescales to split, ids of the output rescales to round twice)."""
+    adds = canonical_adds(graph)
+    return {id(r) for a in adds for r in a.members[1:]}, {id(a.out) for a in adds}
+
+
+def canonical_adds(graph: Graph) -> list[AddGroup]:
+    """The int8 adds as the frontend imports them: ``rescale(add(rescale(x1), rescale(x2)))``, each
+    operand rescaled once (single rounding) to the sum domain ``add_domain_scale``, the output rescale
+    rounding once; members are the add and the two operand rescales."""
     users, producers, outputs = graph.users(), graph.producers(), set(graph.outputs)
-    split: set[int] = set()     # operand rescales to split into x 2**20 then double rounding
-    double: set[int] = set()    # output rescales to round twice
+    found = []
     for op in graph.ops:
         if op.kind != "add" or op.result.dtype is not DType.INT32 or op.result in outputs:
             continue
@@ -104,9 +111,8 @@ def _add_rescales(graph: Graph) -> tuple[set[int], set[int]]:
         domain = add_domain_scale([r.operands[0].type.quant.scale[0] for r in rescales])
         if any(r.attrs["out"].scale[0] != domain or r.attrs["out"].zero_point[0] != 0 for r in rescales):
             continue
-        split.update(id(r) for r in rescales)
-        double.add(id(out))
-    return split, double
+        found.append(AddGroup(out, op, tuple(r.operands[0] for r in rescales), (op, *rescales)))
+    return found
 
 
 def add_groups(graph: Graph) -> dict[int, AddGroup]:

@@ -10,14 +10,15 @@ kernels        conv2d (incl. dw)    fully_connected     matmul
 =============  ===================  ==================  ==================
 reference      double (TOSA)        single              double (TOSA)
 builtin        double_half_up       double_half_up      double (TOSA)
-xnnpack        single (mostly)      single              double (TOSA)
+xnnpack        fp32                 fp32                double (TOSA)
 =============  ===================  ==================  ==================
 
 ("double" is TOSA's DOUBLE_ROUND, the same as gemmlowp's two roundings;
 "double_half_up" rounds the second time half up, as ruy does, see
-``requant.apply_scale_high_mul``. XNNPACK does not take BATCH_MATMUL, which then
-runs on the builtin kernel; it requantizes some convolutions in float32, so its
-row is the closest integer rounding, not a guarantee.)
+``requant.apply_scale_high_mul``; "fp32" is XNNPACK's float32 requantization,
+``requant.apply_scale_fp32``. XNNPACK does not take BATCH_MATMUL, which then
+runs on the builtin kernel, nor a GEMM whose float32 requantization scale is
+256 or more (its operator setup refuses it): those keep the builtin rounding.)
 
 A program compiled for the ``litert`` target gets these roundings on its
 fused rescales *before* partitioning, so they are what the program means: the
@@ -28,19 +29,33 @@ product, so fake-quant agreement is unchanged in kind.
 
 from __future__ import annotations
 
-from qlower.ir import Graph, rebuild
+from collections.abc import Callable
+
+import numpy as np
+
+from qlower.ir import Graph, Op, rebuild, requant
 from qlower.ir.rewrite import Rewrite, Rewritten
 
 KERNEL_ROUNDING: dict[str, dict[str, str]] = {
     "reference": {"conv2d": "double", "fully_connected": "single", "matmul": "double"},
     "builtin": {"conv2d": "double_half_up", "fully_connected": "double_half_up", "matmul": "double"},
-    "xnnpack": {"conv2d": "single", "fully_connected": "single", "matmul": "double"},
+    "xnnpack": {"conv2d": "fp32", "fully_connected": "fp32", "matmul": "double"},
 }
+XNNPACK_MAX_SCALE = 256.0   # XNNPACK refuses a quantized GEMM whose requantization scale is this or more
 
 
-# XNNPACK requantizes some convolutions in float32 (measured: 1 step near ties), so its row is the
-# closest integer rounding, not a guarantee
-GUARANTEED = ("reference", "builtin")
+def kernel_rounding(kernels: str) -> Callable[[Op, Op], str]:
+    """The rounding ``kernels`` give the rescale fused into a GEMM: ``choose(rescale, gemm)``."""
+    table = KERNEL_ROUNDING[kernels]
+    if kernels != "xnnpack":
+        return lambda op, gemm: table[gemm.kind]
+
+    def xnnpack(op: Op, gemm: Op) -> str:
+        src, out = op.operands[0].type.quant, op.attrs["out"]
+        if np.all(requant.xnnpack_scale(np.asarray(src.scale), out.scale[0]) < XNNPACK_MAX_SCALE):
+            return table[gemm.kind]
+        return KERNEL_ROUNDING["builtin"][gemm.kind]   # the delegate leaves it to the builtin kernel
+    return xnnpack
 
 
 def with_kernel_rounding(graph: Graph, kernels: str) -> Graph:
@@ -62,16 +77,18 @@ class KernelRounding(Rewrite):
                      f"{KERNEL_ROUNDING[kernels]['fully_connected']}, matmul {KERNEL_ROUNDING[kernels]['matmul']})")
 
     def apply(self, graph: Graph) -> Rewritten:
-        return with_gemm_rounding(graph, KERNEL_ROUNDING[self.kernels])
+        return with_gemm_rounding(graph, kernel_rounding(self.kernels))
 
 
-def with_gemm_rounding(graph: Graph, table: dict[str, str]) -> Rewritten:
+def with_gemm_rounding(graph: Graph, table: dict[str, str] | Callable[[Op, Op], str]) -> Rewritten:
     """``graph`` with each rescale fused into a TFLite GEMM rounding as ``table`` says for that GEMM's
-    kind (the rewrite of every kernel family, LiteRT's and TFLM's), and the rescales it changed."""
+    kind, or as ``table(rescale, gemm)`` chooses (the rewrite of every kernel family, LiteRT's and
+    TFLM's), and the rescales it changed."""
     from qlower.backends.litert.export import fused_pairs
 
-    wanted = {key: table[gemm.kind] for key, (op, gemm) in fused_pairs(graph).items()
-              if op.attrs["rounding"] != table[gemm.kind]}
+    choose = table if callable(table) else (lambda op, gemm: table[gemm.kind])
+    chosen = {key: (op, choose(op, gemm)) for key, (op, gemm) in fused_pairs(graph).items()}
+    wanted = {key: want for key, (op, want) in chosen.items() if op.attrs["rounding"] != want}
     if not wanted:
         return Rewritten(graph)
     changed = []
@@ -88,9 +105,15 @@ def with_gemm_rounding(graph: Graph, table: dict[str, str]) -> Rewritten:
 
 
 def exact_kernels(graph: Graph) -> list[str]:
-    """The LiteRT kernel families guaranteed to compute ``graph``'s exported model bit-exactly."""
+    """The LiteRT kernel families guaranteed to compute ``graph``'s exported model bit-exactly: each
+    fused GEMM rounds as the family does, and each residual add has the form of the ADD that runs it
+    (XNNPACK's where the delegate takes it, TFLite's elsewhere)."""
     from qlower.backends.litert.export import fused_pairs
+    from qlower.backends.litert.fused_add import add_groups
+    from qlower.backends.litert.xnnpack_add import xnnpack_add_groups, xnnpack_takes
 
     pairs = list(fused_pairs(graph).values())
-    return [k for k, table in KERNEL_ROUNDING.items() if k in GUARANTEED
-            and all(op.attrs["rounding"] == table[gemm.kind] for op, gemm in pairs)]
+    tflite_adds, xnnpack_adds = add_groups(graph).values(), xnnpack_add_groups(graph)
+    adds_ok = {"xnnpack": not any(xnnpack_takes(g) for g in tflite_adds)}
+    return [k for k in KERNEL_ROUNDING if adds_ok.get(k, not xnnpack_adds)
+            and all(op.attrs["rounding"] == kernel_rounding(k)(op, gemm) for op, gemm in pairs)]
