@@ -359,7 +359,13 @@ def _quantize(ex: _Export, op: Op) -> None:
     """float -> codes as the reference: round_half_even(x * float32(1/scale)) + zp, clamped, in float32."""
     q = op.attrs["out"]
     if ex.native and _int8_per_tensor(op.result.type):
-        ex.result(op, B.QUANTIZE, [ex.value(op.operands[0])])
+        t, name = op.result.type, op.result.name
+        if (q.qmin, q.qmax) == (t.dtype.min, t.dtype.max):
+            ex.result(op, B.QUANTIZE, [ex.value(op.operands[0])])
+            return
+        # QUANTIZE saturates to the dtype's range: a narrower [qmin, qmax] is a clamp after it
+        y = ex.b.op(B.QUANTIZE, [ex.value(op.operands[0])], f"{name}/q", t.shape, "int8", tflite_quant(t))
+        ex.bind(op.result, ex.b.clamp(y, np.int8(q.qmin), np.int8(q.qmax), name, tflite_quant(t)))
         return
     if op.result.type.dtype not in (DType.INT8, DType.INT16):
         raise NotExact("quantize to int32 has no exact float32 form")
