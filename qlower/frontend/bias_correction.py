@@ -21,7 +21,7 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from qlower.frontend.config import QuantConfig
-from qlower.frontend.constants import attribute_tensor, set_attribute_tensor, written_nodes
+from qlower.frontend.constants import attribute_tensor, set_layer_bias, written_nodes
 from qlower.frontend.observers import fake_quantize_weight, weight_observer
 
 aten = torch.ops.aten
@@ -58,8 +58,10 @@ def correct_biases(gm: GraphModule, batches: list[tuple], quant: QuantConfig) ->
         if n.op != "call_function" or n.target not in GEMMS:
             continue
         weight = n.args[1]
-        if not isinstance(weight, Node) or weight.op != "get_attr" or weight in written:
-            continue
+        bias = n.args[2] if len(n.args) > 2 else None
+        if not isinstance(weight, Node) or weight.op != "get_attr" or weight in written or not (
+                bias is None or isinstance(bias, Node) and bias.op == "get_attr"):
+            continue  # a run-time weight, or a bias computed at run time: nothing constant to correct
         w = attribute_tensor(gm, weight).detach()
         if not w.is_floating_point():
             continue
@@ -74,28 +76,10 @@ def correct_biases(gm: GraphModule, batches: list[tuple], quant: QuantConfig) ->
             shifts.run(*batch)
     uses = Counter(n.target for n in gm.graph.nodes if n.op == "get_attr")
     for n, total in shifts.sums.items():
-        _subtract(gm, n, total / len(batches), uses)
+        bias = n.args[2] if len(n.args) > 2 else None
+        old = (attribute_tensor(gm, bias).detach().to(torch.float64) if bias is not None
+               else torch.zeros_like(total))
+        set_layer_bias(gm, n, old - total / len(batches), uses)
     gm.recompile()
     return len(shifts.sums)
 
-
-def _subtract(gm: GraphModule, gemm: Node, shift: torch.Tensor, uses: Counter) -> None:
-    bias = gemm.args[2] if len(gemm.args) > 2 else None
-    if isinstance(bias, Node):
-        old = attribute_tensor(gm, bias).detach()
-        new = (old.to(torch.float64) - shift).to(old.dtype)
-        if bias.op == "get_attr" and uses[bias.target] == 1 and len(bias.users) == 1:
-            set_attribute_tensor(gm, bias.target, new)
-            return
-    else:
-        dtype = attribute_tensor(gm, gemm.args[1]).dtype
-        new = (-shift).to(dtype)
-    name = f"{gemm.name}_corrected_bias"
-    gm.register_buffer(name, new.clone())
-    with gm.graph.inserting_before(gemm):
-        node = gm.graph.get_attr(name)
-    fake_mode = getattr(gemm.meta.get("val"), "fake_mode", None)
-    node.meta["val"] = fake_mode.from_tensor(getattr(gm, name), static_shapes=True) if fake_mode else getattr(gm, name)
-    args = list(gemm.args) + [None] * (3 - len(gemm.args))
-    args[2] = node
-    gemm.args = tuple(args)

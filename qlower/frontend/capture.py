@@ -29,6 +29,7 @@ from qlower.frontend.config import QuantConfig
 from qlower.frontend.constant_fold import fold_constant_subgraphs
 from qlower.frontend.decompose import decompose_unruled
 from qlower.frontend.finite import non_finite_nodes
+from qlower.frontend.masks import finite_fills
 from qlower.frontend.quantize_fold import fold_constant_quantize
 from qlower.frontend.rules import has_rule
 from qlower.frontend.source import describe_node
@@ -192,6 +193,7 @@ def prepare(gm: GraphModule, quant: QuantConfig, batches: list[tuple], fast_path
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         quantizer = QlowerQuantizer(quant, observe_weights_once=fast_paths)
+        finite_fills(gm)  # mask fills: -inf -> -1e30, a row masked everywhere is uniform, never NaN (masks.py)
         quantizer.keep_float = non_finite_nodes(gm, batches)
         prepared = prepare_pt2e(gm, quantizer)
     if quant.fallback == "error":
@@ -209,7 +211,7 @@ def rewrite_weights(gm: GraphModule, quant: QuantConfig, batches: list[tuple]) -
     if quant.equalize or quant.smooth is not None:
         before = _float_outputs(gm, batches)
         if quant.equalize:
-            equalize(gm)
+            equalize(gm, batches, quant.absorb_bias)
         if quant.smooth is not None:
             smooth(gm, batches, quant.smooth)
         _check_same_function(before, _float_outputs(gm, batches),

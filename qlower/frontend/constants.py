@@ -50,6 +50,29 @@ def set_attribute_tensor(gm: GraphModule, target: str, value: torch.Tensor) -> N
             torch.nn.Parameter(new, requires_grad=False) if isinstance(old, torch.nn.Parameter) else new)
 
 
+def owned_attribute(node: object, attr_uses: dict[str, int]) -> bool:
+    """``node`` is a get_attr whose attribute nothing else reads (``attr_uses``: get_attr nodes per target)."""
+    return isinstance(node, Node) and node.op == "get_attr" and attr_uses[node.target] == 1 and len(node.users) == 1
+
+
+def set_layer_bias(gm: GraphModule, layer: Node, value: torch.Tensor, attr_uses: dict[str, int]) -> None:
+    """The bias of the conv / linear ``layer`` (argument 2) becomes ``value``: written in place where
+    the layer alone reads its bias attribute, else (no bias, or one shared) a new attribute of its own."""
+    bias = layer.args[2] if len(layer.args) > 2 else None
+    if owned_attribute(bias, attr_uses):
+        set_attribute_tensor(gm, bias.target, value)
+        return
+    dtype = attribute_tensor(gm, layer.args[1]).dtype
+    name = f"{layer.name}_own_bias"
+    gm.register_buffer(name, value.detach().to(dtype).clone())
+    with gm.graph.inserting_before(layer):
+        node = gm.graph.get_attr(name)
+    fake_mode = getattr(layer.meta.get("val"), "fake_mode", None)
+    tensor = getattr(gm, name)
+    node.meta["val"] = fake_mode.from_tensor(tensor, static_shapes=True) if fake_mode is not None else tensor
+    layer.args = (*layer.args[:2], node, *layer.args[3:])
+
+
 def written_nodes(gm: GraphModule) -> set[Node]:
     """Nodes some op writes in place (an argument its schema marks as written), and what they are
     views of: not constants."""

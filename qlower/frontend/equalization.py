@@ -1,111 +1,150 @@
-"""Cross-layer equalization (Nagel et al. 2019, "Data-Free Quantization"), on the exported float graph.
+"""Cross-layer equalization and high-bias absorption (Nagel et al. 2019, "Data-Free Quantization"),
+on the exported float graph.
 
-Two consecutive layers ``y = W2 f(W1 x + b1)`` where ``f`` is the identity, ReLU or a clamp
-``[0, M]`` (ReLU6) compute the same function when output channel ``i`` of the first is divided
-by ``s_i > 0`` and input channel ``i`` of the second multiplied by it: ReLU commutes with a
-positive scale, and the clamp's bound becomes ``M / s_i``. With
-``s_i = sqrt(r1_i / r2_i)`` (``r1_i`` = max |W1| over output channel ``i``, ``r2_i`` = max |W2|
-over input channel ``i``) both ranges become ``sqrt(r1_i * r2_i)``, so a per-tensor weight scale
-no longer has to cover one channel's outliers at the expense of all the others (depthwise
-convolutions after BatchNorm folding are the classic case). Chains are swept until the
-scales settle.
+Two consecutive layers ``y = W2 f(W1 x + b1)`` where ``f`` is the identity, ReLU, a leaky ReLU or a
+clamp ``[0, M]`` (ReLU6) compute the same function when output channel ``i`` of the first is divided
+by ``s_i > 0`` and input channel ``i`` of the second multiplied by it: these activations commute
+with a positive scale, and the clamp's bound becomes ``M / s_i``. With ``s_i = sqrt(r1_i / r2_i)``
+(``r1_i`` = max |W1| over what makes output channel ``i``, ``r2_i`` = max |W2| over what reads input
+channel ``i``) both ranges become ``sqrt(r1_i * r2_i)``, so a per-tensor weight scale no longer has
+to cover one channel's outliers at the expense of all the others (depthwise convolutions after
+BatchNorm folding are the classic case). Chains are swept until the scales settle.
+
+Layers: conv1d/2d (any groups, depthwise with a channel multiplier included), transposed convs (any
+groups) and linear. Which weight element reads which input channel and makes which output channel
+is one index map per layer (``_channel_maps``), so grouped, depthwise and transposed layers need no
+case of their own. A pair is two layers of the same channel axis (conv-like: dim 1, linear: the last
+dim), the first's result (or its activation's) read by the second alone, as its input, each layer
+owning its weight and bias. Padding is zeros (a non-zero pad is an explicit op between the layers:
+no pair), and zero scales to zero. BatchNorms must be folded first (batch_norm_fold.py). The float
+function is unchanged up to float rounding (tests/test_quant_methods.py, on random nets and on every
+trained zoo model).
 
 A per-channel bound has no place in one per-tensor requantization, so a ReLU6 whose bounds now
-differ becomes ``clamp(y, 0, max_i M / s_i)`` (still fused into the first layer) followed by
-``minimum(., M / s)``, a pick in the same quantization domain: exact in float and in integers.
+differ becomes ``clamp(y, 0, max_i M_i)`` (still fused into the first layer) followed by
+``minimum(., M)``, a pick in the same quantization domain: exact in float and in integers.
 
-Pairs: conv -> conv (the second with groups 1, or depthwise with one output per input channel)
-and linear -> linear, where the first's result (or its activation's) has no other reader and each
-layer owns its weight and bias. BatchNorms must be folded first (batch_norm_fold.py). The float
-function is unchanged up to float rounding (tests/test_equalization.py).
+High-bias absorption (``absorb_bias``): where the first layer's output channel ``i`` is at least
+``c_i > 0`` on every calibration sample, ``f(y) = f(y - c_i) + c_i`` there (ReLU; ReLU6 with its
+bound lowered to ``M - c_i``), so ``c_i`` leaves the first bias and ``W2 c`` joins the second's,
+narrowing the activation's range. Exact wherever the first layer's output stays >= ``c`` (on the
+calibration data by construction); an input that drives a channel below its ``c`` sees the
+activation clip at ``c`` instead of 0. Only into a linear or an unpadded conv (every output reads
+the whole kernel window, so ``W2 c`` is one constant per output channel), and only from a first
+layer with a bias.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-from torch.fx import GraphModule, Node
+from torch.fx import GraphModule, Interpreter, Node
 
-from qlower.frontend.constants import attribute_tensor, set_attribute_tensor
+from qlower.frontend.constants import attribute_tensor, owned_attribute, set_attribute_tensor, set_layer_bias
 
 aten = torch.ops.aten
 
 CONVS = {aten.conv1d.default, aten.conv1d.padding, aten.conv2d.default, aten.conv2d.padding}
+TRANSPOSED = {aten.conv_transpose1d.default, aten.conv_transpose2d.input}
 LINEAR = aten.linear.default
+LAYERS = CONVS | TRANSPOSED | {LINEAR}
 SWEEPS = 20
 SETTLED = 1e-4  # a sweep whose scales all lie within this of 1 ends the search
 SCALE_LIMIT = 1e4  # no channel is rescaled by more (a dead channel keeps scale 1)
 
 
 @dataclass
-class _Pair:
+class Pair:
     first: Node
     second: Node
-    clamp: Node | None  # a hardtanh(y, 0, M) between them
+    activation: Node | None  # between them: ReLU, leaky ReLU or a [0, M] clamp (``clamp_top``)
+    clamp_top: float | None
     total: torch.Tensor  # the product of the scales applied so far, per channel
+    absorbed: torch.Tensor | None = field(default=None)  # per channel, in the scaled units
 
 
-def _groups(node: Node) -> int:
-    return int(node.args[6]) if len(node.args) > 6 else int(node.kwargs.get("groups", 1))
+def _arg(node: Node, name: str, default: object) -> object:
+    """Argument ``name`` of an aten call, positional or keyword."""
+    for i, a in enumerate(node.target._schema.arguments):
+        if a.name == name:
+            return node.args[i] if i < len(node.args) else node.kwargs.get(name, default)
+    return default
 
 
-def _bias(node: Node) -> Node | None:
-    b = node.args[2] if len(node.args) > 2 else node.kwargs.get("bias")
-    return b if isinstance(b, Node) else None
+def _channel_maps(node: Node, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(output channel, input channel) of every element of ``node``'s weight, as index tensors of its shape.
+
+    conv ``[O, I/g, k..]``: element ``[o, j]`` reads input channel ``(o // (O/g)) * I/g + j``;
+    transposed conv ``[I, O/g, k..]``: element ``[i, j]`` makes output ``(i // (I/g)) * O/g + j``."""
+    a, b = weight.shape[:2]
+    rows, cols = torch.arange(a)[:, None], torch.arange(b)[None, :]
+    groups = 1 if node.target is LINEAR else int(_arg(node, "groups", 1))
+    grouped = (rows // (a // groups)) * b + cols
+    out_map, in_map = (grouped, rows) if node.target in TRANSPOSED else (rows, grouped if node.target in CONVS else cols)
+    shape = (a, b) + (1,) * (weight.dim() - 2)
+    return out_map.expand(a, b).reshape(shape).expand(weight.shape), in_map.expand(a, b).reshape(shape).expand(weight.shape)
 
 
-def _owned(node: Node, attr_uses: Counter) -> bool:
-    """``node`` (a conv / linear) is the only reader of its weight and bias parameters."""
-    params = [node.args[1], _bias(node)]
-    return isinstance(params[0], Node) and all(
-        p is None or (p.op == "get_attr" and attr_uses[p.target] == 1 and len(p.users) == 1) for p in params)
+def _channels(node: Node, weight: torch.Tensor) -> tuple[int, int]:
+    """(output channels, input channels) of a layer."""
+    out_map, in_map = _channel_maps(node, weight)
+    return int(out_map.max()) + 1, int(in_map.max()) + 1
 
 
-def _activation(node: Node) -> tuple[bool, Node | None]:
-    """(positively homogeneous, the clamp node if it is a ``[0, M]`` clamp)."""
+def _ranges(w: torch.Tensor, index: torch.Tensor, n: int) -> torch.Tensor:
+    """max |w| over the elements of each channel of ``index``."""
+    w = w.detach().to(torch.float64).abs()
+    return torch.zeros(n, dtype=torch.float64).scatter_reduce(0, index.reshape(-1), w.reshape(-1), "amax")
+
+
+def _activation(node: Node) -> tuple[bool, float | None]:
+    """(commutes with a positive per-channel scale, the top M of a ``[0, M]`` clamp)."""
     if node.op != "call_function":
         return False, None
-    if node.target in (aten.relu.default, aten.relu_.default):
+    if node.target in (aten.relu.default, aten.relu_.default, aten.leaky_relu.default, aten.leaky_relu_.default):
         return True, None
     if node.target in (aten.hardtanh.default, aten.hardtanh_.default):
-        lo = node.args[1] if len(node.args) > 1 else -1.0
-        hi = node.args[2] if len(node.args) > 2 else 1.0
+        lo, hi = _arg(node, "min_val", -1.0), _arg(node, "max_val", 1.0)
         if lo == 0 and isinstance(hi, (int, float)) and hi > 0:
-            return True, node
+            return True, float(hi)
     return False, None
 
 
-def _pairs(gm: GraphModule) -> list[_Pair]:
+def _is_layer(node: Node, attr_uses: Counter) -> bool:
+    """A conv / linear that alone reads its (constant) weight and bias."""
+    if node.op != "call_function" or node.target not in LAYERS or len(node.args) < 2:
+        return False
+    bias = _arg(node, "bias", None)
+    return owned_attribute(node.args[1], attr_uses) and (bias is None or owned_attribute(bias, attr_uses))
+
+
+def find_pairs(gm: GraphModule, linear_only: bool = False) -> list[Pair]:
+    """The layer pairs whose shared channels can be rescaled without changing the function (see above)."""
     attr_uses = Counter(n.target for n in gm.graph.nodes if n.op == "get_attr")
     pairs = []
     for first in gm.graph.nodes:
-        if first.op != "call_function" or first.target not in CONVS | {LINEAR} or not _owned(first, attr_uses):
+        if not _is_layer(first, attr_uses) or len(first.users) != 1:
             continue
-        if len(first.users) != 1:
-            continue
-        middle, clamp = next(iter(first.users)), None
-        ok, clamp = _activation(middle)
-        if ok:
-            if len(middle.users) != 1:
+        middle = next(iter(first.users))
+        homogeneous, top = _activation(middle)
+        activation = middle if homogeneous else None
+        if activation is not None:
+            if len(middle.users) != 1 or middle.args[0] is not first:
                 continue
             second = next(iter(middle.users))
         else:
             middle, second = first, middle
-        if second.op != "call_function" or second.args[0] is not middle or not _owned(second, attr_uses):
+        if not _is_layer(second, attr_uses) or second.args[0] is not middle or middle in second.args[1:]:
             continue
-        if (first.target is LINEAR) != (second.target is LINEAR):
+        if (first.target is LINEAR) != (second.target is LINEAR) or (linear_only and first.target is not LINEAR):
             continue  # a conv's channels are dim 1, a linear's the last
-        channels = _weight(gm, first).shape[0]
-        w2 = _weight(gm, second)
-        if second.target in CONVS:
-            groups = _groups(second)
-            if not (groups == 1 or (groups == channels and w2.shape[0] == channels and w2.shape[1] == 1)):
-                continue
-        if w2.dim() < 2 or (second.target is LINEAR and w2.shape[1] != channels):
+        w1, w2 = _weight(gm, first), _weight(gm, second)
+        if w1.dim() != w2.dim() or _channels(first, w1)[0] != _channels(second, w2)[1]:
             continue
-        pairs.append(_Pair(first, second, clamp, torch.ones(channels, dtype=torch.float64)))
+        channels = _channels(first, w1)[0]
+        pairs.append(Pair(first, second, activation, top, torch.ones(channels, dtype=torch.float64)))
     return pairs
 
 
@@ -113,67 +152,118 @@ def _weight(gm: GraphModule, node: Node) -> torch.Tensor:
     return attribute_tensor(gm, node.args[1])
 
 
-def _input_ranges(gm: GraphModule, node: Node) -> torch.Tensor:
-    """max |W| over each input channel of ``node`` (per output channel for a depthwise conv)."""
-    w = _weight(gm, node).detach().to(torch.float64).abs()
-    if node.target in CONVS and _groups(node) > 1:
-        return w.reshape(w.shape[0], -1).amax(1)
-    return w.movedim(1, 0).reshape(w.shape[1], -1).amax(1)
-
-
-def _output_ranges(gm: GraphModule, node: Node) -> torch.Tensor:
-    w = _weight(gm, node).detach().to(torch.float64).abs()
-    return w.reshape(w.shape[0], -1).amax(1)
-
-
-def _apply(gm: GraphModule, pair: _Pair, s: torch.Tensor) -> None:
+def rescale(gm: GraphModule, pair: Pair, s: torch.Tensor) -> None:
     """Output channel i of ``first`` divided by ``s_i``, input channel i of ``second`` multiplied."""
     w1 = _weight(gm, pair.first).detach().to(torch.float64)
-    shape = (-1,) + (1,) * (w1.dim() - 1)
-    set_attribute_tensor(gm, pair.first.args[1].target, w1 / s.reshape(shape))
-    bias = _bias(pair.first)
+    set_attribute_tensor(gm, pair.first.args[1].target, w1 / s[_channel_maps(pair.first, w1)[0]])
+    bias = _arg(pair.first, "bias", None)
     if bias is not None:
         set_attribute_tensor(gm, bias.target, attribute_tensor(gm, bias).detach().to(torch.float64) / s)
     w2 = _weight(gm, pair.second).detach().to(torch.float64)
-    if pair.second.target in CONVS and _groups(pair.second) > 1:
-        w2 = w2 * s.reshape((-1,) + (1,) * (w2.dim() - 1))
-    else:
-        w2 = w2 * s.reshape((1, -1) + (1,) * (w2.dim() - 2))
-    set_attribute_tensor(gm, pair.second.args[1].target, w2)
+    set_attribute_tensor(gm, pair.second.args[1].target, w2 * s[_channel_maps(pair.second, w2)[1]])
     pair.total *= s
 
 
-def equalize(gm: GraphModule) -> int:
-    """Equalize, in place, every pair of layers described above; returns how many pairs changed."""
-    pairs = _pairs(gm)
+def equalize(gm: GraphModule, batches: list[tuple] | None = None, absorb_bias: bool = False) -> int:
+    """Equalize, in place, every pair of layers described above (and absorb high biases, on the
+    calibration ``batches``, when ``absorb_bias``); returns how many pairs changed."""
+    pairs = find_pairs(gm)
     for _ in range(SWEEPS):
         largest = 0.0
         for pair in pairs:
-            r1, r2 = _output_ranges(gm, pair.first), _input_ranges(gm, pair.second)
+            w1, w2 = _weight(gm, pair.first), _weight(gm, pair.second)
+            n = len(pair.total)
+            r1 = _ranges(w1, _channel_maps(pair.first, w1)[0], n)
+            r2 = _ranges(w2, _channel_maps(pair.second, w2)[1], n)
             s = torch.where((r1 > 0) & (r2 > 0), torch.sqrt(r1 / r2.clamp_min(1e-300)), torch.ones_like(r1))
             s = s.clamp(1 / SCALE_LIMIT, SCALE_LIMIT)
             largest = max(largest, float((s.log().abs()).max()) if len(s) else 0.0)
-            _apply(gm, pair, s)
+            rescale(gm, pair, s)
         if largest < SETTLED:
             break
-    changed = [p for p in pairs if not torch.all(p.total == 1)]
+    if absorb_bias and batches:
+        gm.recompile()
+        _absorb_high_biases(gm, pairs, batches)
+    changed = [p for p in pairs if not torch.all(p.total == 1) or p.absorbed is not None]
     for pair in changed:
-        if pair.clamp is not None:
-            _split_clamp(gm, pair)
+        if pair.clamp_top is not None:
+            split_clamp(gm, pair)
     if changed:
         gm.graph.lint()
         gm.recompile()
     return len(changed)
 
 
-def _split_clamp(gm: GraphModule, pair: _Pair) -> None:
-    """``hardtanh(y, 0, M)`` on channels scaled by ``1 / total`` → ``hardtanh(y, 0, max(M / total))``,
-    then ``minimum`` with the per-channel bounds ``M / total`` (left out if they are all equal)."""
-    clamp = pair.clamp
-    top = float(clamp.args[2])
-    bounds = (top / pair.total).to(torch.float32)
+class _ChannelMin(Interpreter):
+    """The least value of each channel of the watched layers' outputs over the batches run."""
+
+    def __init__(self, gm: GraphModule, watched: set[Node]) -> None:
+        super().__init__(gm)
+        self.watched = watched
+        self.least: dict[Node, torch.Tensor] = {}
+
+    def run_node(self, n: Node):
+        out = super().run_node(n)
+        if n in self.watched:
+            axis = out.dim() - 1 if n.target is LINEAR else 1
+            m = out.detach().movedim(axis, 0).reshape(out.shape[axis], -1).amin(1).to(torch.float64)
+            self.least[n] = torch.minimum(self.least[n], m) if n in self.least else m
+        return out
+
+
+def _absorbable(pair: Pair) -> bool:
+    if pair.activation is None or pair.activation.target in (aten.leaky_relu.default, aten.leaky_relu_.default):
+        return False  # only where f(y) = f(y - c) + c for y >= c
+    if _arg(pair.first, "bias", None) is None or pair.second.target in TRANSPOSED:
+        return False
+    if pair.second.target is LINEAR:
+        return True
+    padding = _arg(pair.second, "padding", 0)
+    if isinstance(padding, str):
+        return padding == "valid"
+    return all(int(p) == 0 for p in (padding if isinstance(padding, (list, tuple)) else [padding]))
+
+
+def _absorb_high_biases(gm: GraphModule, pairs: list[Pair], batches: list[tuple]) -> None:
+    candidates = [p for p in pairs if _absorbable(p)]
+    if not candidates:
+        return
+    stats = _ChannelMin(gm, {p.first for p in candidates})
+    with torch.no_grad():
+        for batch in batches:
+            stats.run(*batch)
+    attr_uses = Counter(n.target for n in gm.graph.nodes if n.op == "get_attr")
+    for pair in candidates:
+        least = stats.least.get(pair.first)
+        if least is None:
+            continue
+        c = least.clamp_min(0)
+        if pair.clamp_top is not None:
+            c = torch.minimum(c, pair.clamp_top / pair.total)
+        if not bool((c > 0).any()):
+            continue
+        bias1 = _arg(pair.first, "bias", None)
+        set_attribute_tensor(gm, bias1.target, attribute_tensor(gm, bias1).detach().to(torch.float64) - c)
+        w2 = _weight(gm, pair.second).detach().to(torch.float64)
+        shift = (w2 * c[_channel_maps(pair.second, w2)[1]]).reshape(w2.shape[0], -1).sum(1)
+        bias2 = _arg(pair.second, "bias", None)
+        old = torch.zeros_like(shift) if bias2 is None else attribute_tensor(gm, bias2).detach().to(torch.float64)
+        set_layer_bias(gm, pair.second, old + shift, attr_uses)
+        pair.absorbed = c
+
+
+def split_clamp(gm: GraphModule, pair: Pair) -> None:
+    """``hardtanh(y, 0, M)`` on channels scaled by ``1 / total`` (less what was absorbed) →
+    ``hardtanh(y, 0, max_i M_i)``, then ``minimum`` with the per-channel bounds ``M_i`` (left out if
+    they are all equal)."""
+    clamp = pair.activation
+    bounds = pair.clamp_top / pair.total
+    if pair.absorbed is not None:
+        bounds = bounds - pair.absorbed
+    bounds = bounds.to(torch.float32)
     widest = float(bounds.max())
     clamp.args = (clamp.args[0], 0.0, widest, *clamp.args[3:])
+    clamp.kwargs = {k: v for k, v in clamp.kwargs.items() if k not in ("min_val", "max_val")}
     if torch.all(bounds == widest):
         return
     dims = clamp.meta["val"].dim() if isinstance(clamp.meta.get("val"), torch.Tensor) else 4
