@@ -298,7 +298,8 @@ def test_double_rounding_rescale_is_exact(in_dtype):
 
 
 @pytest.mark.parametrize("kernels,resolver", [("reference", OpResolverType.BUILTIN_REF),
-                                              ("builtin", OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)])
+                                              ("builtin", OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES),
+                                              ("xnnpack", OpResolverType.AUTO)])
 def test_each_kernel_family_is_exact_with_its_rounding_only(kernels, resolver):
     """One conv, one fully connected, one matmul with 10**4+ outputs each: the rounding table of
     rounding.py makes each family exact, and the other families' roundings would not be."""
