@@ -247,8 +247,8 @@ def test_verification_report_names_fallbacks(mixed, tmp_path):
 
 
 class FloatSoftmaxUnderMask(nn.Module):
-    """A bool mask fills the float input with -inf, which has no int8 code: the softmax reads floats (a
-    masked softmax of quantized scores is integer)."""
+    """A bool mask fills the float input with -inf, which has no int8 code, and the masked values are
+    shifted: the softmax reads floats (a softmax of masked scores, scaled or not, is integer)."""
 
     def __init__(self):
         super().__init__()
@@ -256,7 +256,7 @@ class FloatSoftmaxUnderMask(nn.Module):
 
     def forward(self, x):
         mask = torch.ones(6, 6, dtype=torch.bool).tril()
-        return self.fc(torch.softmax(x.masked_fill(~mask, float("-inf")), dim=-1))
+        return self.fc(torch.softmax(x.masked_fill(~mask, float("-inf")) - 1.0, dim=-1))
 
 
 @pytest.mark.parametrize("target", ["reference", "cpu"])
