@@ -5,12 +5,14 @@ Each model is compiled once for ``reference`` (capture, PT2E, import, passes: th
 lowered for each target (the "lower" time) and run on one held-out input: ``exact`` when every output
 equals the reference interpreter on the target's form. ``integer`` is the share of the program's IR ops
 that compute on integers (``qlower.testing.coverage.op_shares``), ``host float`` the ops run in float on
-the host (boundary quantize / dequantize left out). timm and ultralytics are not measured: both import
-torchvision, which does not import beside torch 2.13.
+the host (boundary quantize / dequantize left out), ``host`` every op a delegate target leaves on the
+host, by kind (constants, quantize and dequantize left out; the transposes at the model's boundary
+count), and on ``reference`` and ``cpu``, where everything runs on the host, the aten fallbacks. timm
+and ultralytics are not measured: both import torchvision, which does not import beside torch 2.13.
 
-    python benchmarks/real_models.py [--models bert vit ...] [--targets cpu litert ...]
+    python benchmarks/real_models.py [--models bert vit ...] [--targets cpu litert ...] [--json PATH]
 
-Output: a table, and benchmarks/results/real_models.json.
+Output: a table, and benchmarks/results/real_models.json (or PATH).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +28,7 @@ import numpy as np
 import qlower
 from qlower.api import lower_graph
 from qlower.reference import run_graph
-from qlower.testing.coverage import on_host, op_shares
+from qlower.testing.coverage import HOST_TARGETS, PLUMBING, on_host, op_shares
 from qlower.testing.differential import program_meaning
 from qlower.testing.frontend import FLOAT_BOUNDARY
 from qlower.testing.real_models import REAL_MODELS
@@ -39,6 +42,15 @@ def host_float_ops(prog) -> list[str]:
     return [str(op.attrs.get("target", op.kind)) for op in prog.source.ops
             if op.kind not in FLOAT_BOUNDARY and on_host(prog, op)
             and any(r.dtype.is_float and r.quant is None for r in op.results)]
+
+
+def host_ops(prog) -> dict[str, int]:
+    """Ops left on the host of a delegate target, by kind (aten fallbacks by their target); on a host
+    target only the fallbacks."""
+    kinds = Counter(str(op.attrs["target"]) if op.kind == "aten" else op.kind for op in prog.source.ops
+                    if op.kind not in PLUMBING and on_host(prog, op)
+                    and (op.kind == "aten" or prog.target not in HOST_TARGETS))
+    return dict(sorted(kinds.items()))
 
 
 def measure(name: str, targets: tuple[str, ...]) -> list[dict]:
@@ -68,7 +80,8 @@ def measure(name: str, targets: tuple[str, ...]) -> list[dict]:
             shares = op_shares(prog)
             row.update(outcome="exact" if same else "MISMATCH", partitions=len(prog.partitions),
                        ops=shares["ops"], integer_share=shares["integer_share"],
-                       host_float=len(host_float_ops(prog)), fallbacks=shares["fallback_targets"])
+                       host_float=len(host_float_ops(prog)), host_ops=host_ops(prog),
+                       fallbacks=shares["fallback_targets"])
         except Exception as e:  # noqa: BLE001
             row["outcome"] = f"error: {type(e).__name__}: {str(e)[:160]}"
         rows.append(row)
@@ -80,20 +93,22 @@ def _line(r: dict) -> str:
     if "partitions" not in r:
         return f"{r['model']:<12} {r['target']:<14} {r['outcome']}"
     return (f"{r['model']:<12} {r['target']:<14} {r['outcome']:<9} {r['frontend_s']:>7.1f} {r['lower_s']:>7.1f} "
-            f"{r['partitions']:>5} {100 * r['integer_share']:>8.1f}% {r['host_float']:>6}")
+            f"{r['partitions']:>5} {100 * r['integer_share']:>8.1f}% {r['host_float']:>6} {sum(r['host_ops'].values()):>5}  "
+            + ", ".join(f"{k} {n}" for k, n in r["host_ops"].items()))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="*", default=list(REAL_MODELS))
     parser.add_argument("--targets", nargs="*", default=list(TARGETS))
+    parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     print(f"{'model':<12} {'target':<14} {'outcome':<9} {'front s':>7} {'lower s':>7} {'parts':>5} {'integer':>9} "
-          f"{'hostfl':>6}")
+          f"{'hostfl':>6} {'host':>5}  host ops")
     rows = [r for name in args.models for r in measure(name, tuple(args.targets))]
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps(rows, indent=1))
-    print(f"wrote {RESULTS}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(rows, indent=1))
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,11 @@ Static mode (``QuantConfig.mode == "static"``):
   result, but for a comparison's bools) share one domain; constant operands stay float.
 - a value that is NaN or infinite on the calibration data (finite.py) is not quantized, nor is
   any op reading it: no scale holds it, and a NaN may be what a later op relies on.
+- attention masks (masks.py: fills at or below -1e30, ``-inf`` or ``torch.finfo(dtype).min``, in
+  ``where`` / ``masked_fill`` / ``(1 - mask) * fill``, added to scores, scaled by positive numbers) are
+  never quantized: the scores they mask are quantized where the mask meets them, the masked values stay
+  float, and a softmax reading them quantizes only its result (rules/softmax.py reads the scores' codes
+  and the mask). Any other op reading masked values is left float, and so is what reads its result.
 - ``QuantConfig.fixed`` pins the observer of a value (and of its whole sharing
   group) to fixed qparams.
 
@@ -62,6 +67,7 @@ from qlower.errors import InputError
 from qlower.frontend.channel_affine import replace_unfolded_batch_norm
 from qlower.frontend.config import INT16_ACT_RANGE, FixedQParams, QuantConfig
 from qlower.frontend.constants import written_nodes
+from qlower.frontend.masks import masked
 from qlower.frontend.observers import (
     PerChannelWeightMSEObserver,
     WeightMSEObserver,
@@ -115,6 +121,7 @@ OWN_OUTPUT |= {aten.var, torch.ops.qlower.channel_affine}  # channel_affine: an 
 NORMS = {aten.native_layer_norm, aten.native_group_norm, aten._native_batch_norm_legit}  # results (out, ...)
 
 
+SOFTMAX = {aten.softmax, aten._softmax}
 COMPARE = {aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge}
 
 
@@ -131,19 +138,6 @@ def _is_float(x: object) -> bool:
     return not isinstance(val, torch.Tensor) or val.dtype.is_floating_point
 
 
-def _fills_minus_inf(x: object) -> bool:
-    """A fill with -inf (masked attention scores): no observer can measure it, so its consumer (a
-    softmax) reads it in float; the consumer's finite result is still quantized."""
-    if not isinstance(x, Node) or packet(x) not in (aten.where, aten.masked_fill):
-        return False
-    for a in x.args[1:]:
-        if isinstance(a, Node) and packet(a) in (aten.scalar_tensor, aten.full_like, aten.full):
-            a = a.args[0] if packet(a) is aten.scalar_tensor else a.args[1]
-        if isinstance(a, float) and a == float("-inf"):
-            return True
-    return False
-
-
 def _one_domain(node: Node, const: object = ()) -> tuple[list[Node], bool] | None:
     """Ops whose tensor operands share one domain (rules/compare.py): (those operands, whether the result
     shares it too; comparisons give bools). None for any other op. Constant operands (in ``const``) stay
@@ -152,7 +146,7 @@ def _one_domain(node: Node, const: object = ()) -> tuple[list[Node], bool] | Non
     if p in (aten.minimum, aten.maximum):
         operands, output = node.args[:2], True
     elif target == aten.where.self:
-        if _fills_minus_inf(node):  # -inf has no code (masked attention scores): left float
+        if masked(node) is not None:  # a mask fill has no code (masks.py): left float
             return None
         operands, output = node.args[1:3], True
     elif p is aten.clamp and any(isinstance(a, Node) for a in (*node.args[1:], *node.kwargs.values())):
@@ -328,8 +322,25 @@ class QlowerQuantizer(Quantizer):
         """The activation spec of ``node``'s result and of the inputs it reads: int16 or int8 by its module."""
         return self.act16 if self.config.act_dtype_of(module_paths(node)) == "int16" else self.act
 
+    def _annotate_masks(self, model: GraphModule) -> set[Node]:
+        """Mask values (masks.py) left float, the scores they mask quantized where the mask meets them;
+        the nodes computing masks are returned."""
+        chains: set[Node] = set()
+        for n in model.graph.nodes:
+            found = masked(n) if n.op == "call_function" and n not in chains else None
+            if found is None:
+                continue
+            chains.update(found.chain)
+            for c in found.chain:
+                if found.scores is not None and found.scores in c.args and _is_float(found.scores):
+                    _annotate(c, {found.scores: self.act_for(c)})
+                elif "quantization_annotation" not in c.meta:
+                    _annotate(c, {})
+        return chains
+
     def _annotate_static(self, model: GraphModule) -> None:
         const = _Constants(model)
+        masks = self._annotate_masks(model)
         for n in model.graph.nodes:
             p = packet(n)
             if p is None or "quantization_annotation" in n.meta:
@@ -337,6 +348,12 @@ class QlowerQuantizer(Quantizer):
             act = self.act_for(n)
             if n.name in self.keep_float or any(a.name in self.keep_float for a in n.all_input_nodes):
                 continue  # NaN or inf on the calibration data: no quantization can hold it
+            if any(a in masks for a in n.all_input_nodes):
+                if p in SOFTMAX and _is_float(n.args[0]):
+                    _annotate(n, {}, act)  # its result is finite; rules/softmax.py reads the scores and mask
+                else:
+                    masks.add(n)  # any other op on masked values: left float, and what it computes too
+                continue
             if p in GEMM:
                 if not isinstance(n.args[1], Node) or n.args[1] not in const:
                     continue  # weight computed at run time: left float (the importer reports it)
@@ -394,7 +411,7 @@ class QlowerQuantizer(Quantizer):
                 if _is_float(table) and table in const and n not in const:
                     _annotate(n, {table: act}, SharedQuantizationSpec((table, n)))
             elif (p in ACTIVATIONS or p in OWN_OUTPUT) and _is_float(n.args[0]):
-                _annotate(n, {} if _fills_minus_inf(n.args[0]) else {n.args[0]: act}, act)
+                _annotate(n, {n.args[0]: act}, act)
 
     def _annotate_extreme(self, n: Node, const: _Constants) -> None:
         """argmax / argmin, max / min (whole tensor or along a dim): the input quantized; a value result

@@ -1,4 +1,5 @@
-"""One-domain ops on int8 codes: minimum / maximum, clamp by tensors, where, comparisons, logical ops.
+"""One-domain ops on int8 codes: minimum / maximum, clamp by tensors, where, comparisons, logical ops,
+casts to bool.
 
 The quantizer puts the tensor operands and the result of minimum, maximum,
 where and clamp (with tensor bounds) in one quantization domain, like concat.
@@ -26,6 +27,7 @@ from qlower.frontend.layout import Perm
 from qlower.frontend.quantizer import packet
 from qlower.frontend.rules import register
 from qlower.frontend.rules.elementwise import _float_ref, _static_quantized
+from qlower.frontend.rules.integer import is_plain
 from qlower.ir import DType, QuantSpec, Value
 
 aten = torch.ops.aten
@@ -119,6 +121,21 @@ def where(ctx: ImportContext, node, condition, input=None, other=None, **_):
         raise ctx.unsupported("where with values of lower rank than the condition")
     _, (va, vb) = ctx.broadcast([a, b], perm=perm)
     return Ref.of(ctx.emit("select", _bool_in(ctx, condition, perm), va, vb, perm=perm), perm)
+
+
+def to_bool(ctx: ImportContext, x: Ref) -> Ref:
+    """``x.to(torch.bool)``, i.e. ``x != 0``: a bool unchanged; plain integers (an int64 attention mask)
+    compared with 0 by an IR ``equal`` on int32; quantized codes with the codes of 0 (one comparison)."""
+    if _is_bool(x):
+        return x
+    if is_plain(x):
+        zero = Ref.constant(np.array(0, np.int32), x.spec)
+        perm, (vx, vz) = ctx.broadcast([x, zero])
+        return Ref.of(ctx.emit("logical_not", ctx.emit("equal", vx, vz, perm=perm), perm=perm), perm)
+    x = _float_ref(ctx, x)
+    if _static_quantized(x):
+        return _compare_scalar(ctx, aten.ne, x, 0.0)
+    raise ctx.unsupported("a cast to bool of a float tensor (integers, bools and quantized tensors are integer)")
 
 
 # -- comparisons ----------------------------------------------------------------------------------

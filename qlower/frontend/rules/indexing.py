@@ -1,5 +1,5 @@
 """Ops that pick, reorder or repeat elements: split, unbind, flip, roll, repeat, index_select, index
-(one constant index), gather, embedding.
+(constant indices), gather, embedding.
 
 Every result keeps its input's QuantSpec (the quantizer puts these ops in their
 input's domain, every output of split/unbind included), so they are exact on
@@ -187,19 +187,37 @@ def index_select(ctx: ImportContext, node, input: Ref, dim, index: Ref, **_):
 
 @register(aten.index)
 def index(ctx: ImportContext, node, input: Ref, indices, **_):
-    """``x[:, [1, 0, 3]]``: one constant 1-D integer index (negative ones count from the end)."""
+    """``x[:, [1, 0, 3]]``: one constant 1-D integer index (negative ones count from the end); several
+    constant integer indices (broadcast together, NumPy's rules, which are PyTorch's): the positions
+    they pick, a slice of the flattened tensor where they are a run (the attention-mask code of
+    Hugging Face models, ``mask[zeros, arange]``), else one flat ``gather``."""
     x = _movable(ctx, input)
     given = [(d, i) for d, i in enumerate(indices) if i is not None]
-    if len(given) != 1:
-        raise ctx.unsupported("advanced indexing with several index tensors")
-    d, idx = given[0]
-    if not (isinstance(idx, Ref) and idx.is_const and idx.quant is None):
-        raise ctx.unsupported("advanced indexing with a run-time index (a constant index is supported)")
-    data = np.asarray(idx.data)
-    if data.dtype.kind not in "iu" or data.ndim != 1:
-        raise ctx.unsupported(f"advanced indexing with a {data.ndim}-d {data.dtype} index (1-d integers are supported)")
-    size = x.torch_shape[d]
-    return gather_constant(ctx, x, d, np.where(data < 0, data + size, data))
+    if not given:
+        raise ctx.unsupported("advanced indexing without an index tensor")
+    if not all(isinstance(i, Ref) and i.is_const and i.quant is None for _, i in given):
+        raise ctx.unsupported("advanced indexing with a run-time index (constant indices are supported)")
+    if any(np.asarray(i.data).dtype.kind not in "iu" for _, i in given):
+        raise ctx.unsupported("advanced indexing with a bool or float index (integer indices are supported)")
+    if len(given) == 1 and np.asarray(given[0][1].data).ndim == 1:
+        d, idx = given[0]
+        data, size = np.asarray(idx.data), x.torch_shape[d]
+        return gather_constant(ctx, x, d, np.where(data < 0, data + size, data))
+    return _gather_positions(ctx, x, [None if i is None else np.asarray(i.data) for i in indices])
+
+
+def _gather_positions(ctx: ImportContext, x: Ref, indices: list[np.ndarray | None]) -> Ref:
+    """``x[indices]`` (PyTorch's advanced indexing by constant integer arrays), in PyTorch layout."""
+    shape = x.torch_shape
+    key = tuple(slice(None) if i is None else i for i in indices)
+    try:
+        positions = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)[key]
+    except IndexError as e:
+        raise ctx.unsupported(f"advanced indexing out of range: {e}") from None
+    if positions.size == 0:
+        raise ctx.unsupported("an empty index")
+    flat = reshape_to(ctx, x, (int(np.prod(shape, dtype=np.int64)),))
+    return reshape_to(ctx, gather_constant(ctx, flat, 0, positions.reshape(-1)), positions.shape)
 
 
 @register(aten.gather)

@@ -17,6 +17,7 @@ import torch
 from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
 from qlower.frontend.rules import register
+from qlower.frontend.rules.compare import to_bool
 from qlower.frontend.rules.elementwise import _float_ref
 from qlower.frontend.rules.quantization import quantize_to
 from qlower.ir import DType
@@ -259,6 +260,8 @@ def unflatten(ctx: ImportContext, node, input: Ref, **_):
 @register(aten.to, aten._to_copy, aten.type_as)
 def to(ctx: ImportContext, node, input: Ref, dtype=None, **_):
     out = node.meta.get("val")
+    if out is not None and out.dtype == torch.bool:
+        return to_bool(ctx, input)
     if (out is not None and out.dtype != torch.float32) or dtype not in (None, torch.float32):
         raise ctx.unsupported("only float32 tensors are supported (a cast to another dtype was found)")
     plain = input.spec is not None and input.spec.is_plain_integer and input.scale is None

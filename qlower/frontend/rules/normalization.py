@@ -191,6 +191,15 @@ def layer_norm(ctx: ImportContext, x: Ref, dims: int, weight: np.ndarray | None,
     times ``|y·w|`` (at most ``sqrt(N)·|w|``, and what the output range can show); plus half a step of the
     two roundings of y and the affine codes' rounding. It must be below half an output step, else the op
     runs in float. Every step is an IR op that each backend computes exactly as the reference.
+
+    int16 codes (A16W8) stay float, for three reasons each of which alone rules this recipe out: one
+    squared deviation ``e²`` reaches ``S² = 65535² ≈ 2**32`` (int32 can't hold ``mul(e, e)`` of a
+    single element), the sum ``T`` needs ``32 + log2 N`` bits and the IR's integers, like TOSA 1.0's,
+    stop at int32 (no int64 accumulator to move to); and an int16 output step is ``2**-16`` of the
+    output range while the reciprocal square root's table index alone is ``2**-14`` relative, i.e.
+    several output steps at ``|y·w|`` of a few units, so even splitting ``e`` into high and low bytes
+    (exact partial sums, one coarse variance) would miss the half-step bound. ``_plan`` refuses it with
+    "leaves no int32 headroom" (``g_max = N·(S²/4 + 1) >= 2**30`` for every N) and the op runs in float.
     """
     q = x.spec
     rank, s = x.rank, q.scale[0]

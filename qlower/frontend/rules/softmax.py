@@ -22,32 +22,38 @@ row that is below 3e-4, i.e. 0.08 of an int8 output step of 1/255: the result
 differs from the fake-quant model only where the exact value lies within that
 distance of a rounding boundary, and then by one step.
 
-Masked attention (``masked_fill(~mask, -inf)``, ``where(mask, x, -inf)``, ``x + where(mask, 0, -big)``
-with ``big >= 1e30``, what ``scaled_dot_product_attention`` decomposes to) is integer too: softmax
-reads the codes of ``x`` and the bool mask, not the float fill no code can hold. Masked entries take
+Masked attention (every form qlower/frontend/masks.py recognises: ``masked_fill(~mask, -inf)``,
+``where(mask, x, -inf)``, ``x + where(mask, 0, finfo.min)``, ``x + (1 - mask) * finfo.min``, masks and
+masked scores scaled by positive numbers, what ``scaled_dot_product_attention`` decomposes to) is integer
+too: softmax reads the codes of ``x`` and a bool "kept" condition, not the fill no code can hold (the
+quantizer never observes it). A positive factor applied after the mask scales the exponentials' table
+(``exp(d·s·factor)``): the codes are the same, the scores are ``s·factor`` apart. Masked entries take
 the lowest code (so they never win the maximum) and their exponentials are zeroed before the sum;
-exp(x - big - max) is below 2**-100 in float32, so the result is the same softmax over the kept
-entries with the same bound. A row with every entry masked is uniform (PyTorch: uniform for a finite
-fill, NaN for -inf, which no code can hold).
+exp(x - 1e30 - max) is 0 in float32, so the result is the same softmax over the kept entries with the
+same bound. A row with every entry masked is uniform: PyTorch gives NaN for -inf fills and uniform for
+finite ones (``finfo.min``); qlower rewrites fills below -1e30 to -1e30 before calibration
+(masks.finite_fills), so the float model, its fake-quant form and the integer softmax all agree.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
 
 from qlower.frontend import layout
 from qlower.frontend.context import ImportContext, Ref
-from qlower.frontend.quantizer import packet
+from qlower.frontend.masks import Keep, masked_scores
 from qlower.frontend.rules import register
 from qlower.frontend.rules.compare import _bool_in, _is_bool
 from qlower.frontend.rules.elementwise import _float_ref, _static_quantized
+from qlower.frontend.rules.integer import is_plain
 from qlower.ir import DType, QuantSpec, Value
 
 aten = torch.ops.aten
 EXP_BITS = 15
 PROB_BITS = 15
-MASK_FILL = -1e30   # a fill at or below this is a mask: exp(fill - max) is 0 in float32
 
 
 def exp_table(scale: float, span: int) -> np.ndarray:
@@ -56,10 +62,12 @@ def exp_table(scale: float, span: int) -> np.ndarray:
     return np.rint(np.exp(d * scale) * 2.0**EXP_BITS).astype(np.int32)
 
 
-def exponentials(ctx: ImportContext, x: Ref, axis: int, keep: Value | None = None) -> tuple[Value, Value, Value]:
+def exponentials(ctx: ImportContext, x: Ref, axis: int, keep: Value | None = None, factor: float = 1.0
+                 ) -> tuple[Value, Value, Value]:
     """The first lines of the recipe, shared with log_softmax: ``d = x - max`` (int32 at the input's
-    scale, exact), ``e = round(exp(d·s) · 2**EXP_BITS)`` and its sum ``S`` along ``axis``. With a bool
-    ``keep`` (in ``x``'s layout, broadcasting to it) only the kept entries count (module doc)."""
+    scale, exact), ``e = round(exp(d·s·factor) · 2**EXP_BITS)`` and its sum ``S`` along ``axis``. With a
+    bool ``keep`` (in ``x``'s layout, broadcasting to it) only the kept entries count (module doc);
+    ``factor`` > 0 scales the scores (masked scores divided by sqrt(d) after the fill)."""
     perm, spec = x.perm, x.spec
     s, span = spec.scale[0], spec.qmax - spec.qmin
     if span > -DType.INT16.min:
@@ -74,7 +82,7 @@ def exponentials(ctx: ImportContext, x: Ref, axis: int, keep: Value | None = Non
     m = ctx.emit("reduce_max", v, perm=perm, axis=axis)
     d = ctx.emit("sub", ctx.rescale(v, centered, perm), ctx.rescale(m, centered, perm), perm=perm)
     d16 = ctx.rescale(d, QuantSpec.per_tensor(s, 0, DType.INT16, -span, 0), perm)
-    e = ctx.emit("table", d16, perm=perm, table=exp_table(s, span), offset=span,
+    e = ctx.emit("table", d16, perm=perm, table=exp_table(s * factor, span), offset=span,
                  out=QuantSpec.per_tensor(2.0**-EXP_BITS, 0, DType.INT32))
     if keep is not None:  # zero the masked exponentials; a row with nothing kept keeps them all (uniform)
         zero = ctx.constant(np.zeros((1,) * x.rank, np.int32), e.quant)
@@ -84,64 +92,63 @@ def exponentials(ctx: ImportContext, x: Ref, axis: int, keep: Value | None = Non
     return d, e, ctx.emit("reduce_sum", e, perm=perm, axis=axis)
 
 
-def _fill(r: object) -> bool:
-    """A float constant number at or below MASK_FILL (-inf, torch.finfo(float32).min)."""
-    if isinstance(r, (int, float)) and not isinstance(r, bool):
-        return r <= MASK_FILL
-    return isinstance(r, Ref) and r.is_float_const and r.data.size == 1 and float(r.data.reshape(-1)[0]) <= MASK_FILL
-
-
-def _zero(r: object) -> bool:
-    if isinstance(r, (int, float)) and not isinstance(r, bool):
-        return r == 0
-    return isinstance(r, Ref) and r.is_float_const and r.data.size == 1 and float(r.data.reshape(-1)[0]) == 0
-
-
-def _where_mask(ctx: ImportContext, n: object, fill_value: bool) -> tuple[object, Ref | None, bool] | None:
-    """``where(c, a, b)`` fx node ``n`` with one branch a mask fill: (the other branch, c, whether c
-    marks the kept entries). ``fill_value``: the other branch must be the constant 0 (an additive mask)."""
-    if not isinstance(n, torch.fx.Node) or n.target is not aten.where.self or len(n.args) != 3:
+def _kept(ctx: ImportContext, keep: Keep, perm) -> Value | None:
+    """The bool ``keep`` (masks.py) as a value in layout ``perm`` (None: every entry kept)."""
+    r = ctx.env.get(keep.node)
+    if keep.a is None:
+        if not _is_bool(r):
+            raise ctx.unsupported("a mask whose condition is not a bool tensor")
+        if r.is_const:
+            r = Ref.constant(r.data != keep.negate, origin=r.origin)
+        elif keep.negate:
+            r = Ref.of(ctx.emit("logical_not", r.value, perm=r.perm), r.perm)
+        return _bool_in(ctx, r, perm)
+    a, b = keep.a, keep.b  # kept where a·m + b <= 0 (m integer)
+    if a == 0:
+        if b <= 0:
+            return None
+        raise ctx.unsupported("a mask that masks every entry")
+    k = math.floor(-b / a) if a > 0 else math.ceil(-b / a)
+    if isinstance(r, Ref) and r.is_const and r.quant is None and r.data.dtype.kind in "iub":
+        m = r.data.astype(np.int64)
+        return _bool_in(ctx, Ref.constant(m <= k if a > 0 else m >= k, origin=r.origin), perm)
+    if not is_plain(r):
+        raise ctx.unsupported("a mask computed from a tensor that is neither bool nor integer")
+    lo, hi = DType.INT32.min, DType.INT32.max
+    if (a > 0 and k >= hi) or (a < 0 and k <= lo):
         return None
-    c, a, b = (ctx.env.get(x) if isinstance(x, torch.fx.Node) else x for x in n.args)
-    if not _is_bool(c):
-        return None
-    for other, fill, kept in ((a, b, True), (b, a, False)):
-        if _fill(fill) and (not fill_value or _zero(other)):
-            return other, c, kept
-    return None
+    if (a > 0 and k < lo) or (a < 0 and k > hi):
+        raise ctx.unsupported("a mask that masks every entry")
+    bound = Ref.constant(np.array(k, np.int32), r.spec)
+    perm_r, (vm, vk) = ctx.broadcast([r, bound])
+    cmp = ctx.emit("greater_equal", *((vk, vm) if a > 0 else (vm, vk)), perm=perm_r)
+    return _bool_in(ctx, Ref.of(cmp, perm_r), perm)
 
 
-def masked_input(ctx: ImportContext, node) -> tuple[Ref, Ref, bool] | None:
-    """The integer codes and the mask a softmax's input is made of (module doc), or None: (codes, bool
-    mask, whether the mask marks the kept entries)."""
-    src = node.args[0] if node.args else None
-    found = _where_mask(ctx, src, False)
-    if found is None and isinstance(src, torch.fx.Node) and packet(src) is aten.add and len(src.args) == 2 \
-            and src.kwargs.get("alpha", 1) == 1:
-        for scores, mask in (src.args, src.args[::-1]):
-            hit = _where_mask(ctx, mask, True)
-            if hit is not None and isinstance(scores, torch.fx.Node):
-                found = (ctx.env.get(scores), hit[1], hit[2])
-                break
-    if found is None:
+def masked_input(ctx: ImportContext, node) -> tuple[Ref, Value | None, float] | None:
+    """A softmax's input as masked scores (masks.py): (the scores' codes, where they are kept as a bool
+    value in their layout or None for everywhere, the positive factor scaling them), or None."""
+    found = masked_scores(node.args[0]) if node.args else None
+    if found is None or not isinstance(found.scores, torch.fx.Node):
         return None
-    x, cond, kept = found
+    x = ctx.env.get(found.scores)
     if not isinstance(x, Ref) or not _static_quantized(x) or x.spec.dtype is not DType.INT8:
         return None
-    if x.rank < cond.rank or len(node.args[0].meta["val"].shape) != x.rank:
+    if len(node.args[0].meta["val"].shape) != x.rank:
         return None
-    return x, cond, kept
+    keep = None
+    for k in found.keeps:
+        v = _kept(ctx, k, x.perm)
+        keep = v if keep is None or v is None else ctx.emit("logical_and", keep, v, perm=x.perm)
+    return x, keep, found.factor
 
 
 @register(aten.softmax, aten._softmax)
 def softmax(ctx: ImportContext, node, input: Ref, dim, dtype=None, half_to_float=False, **_):
     masked = masked_input(ctx, node) if ctx.out_spec() is not None else None
-    keep = None
+    keep, factor = None, 1.0
     if masked is not None:
-        x, cond, kept = masked
-        keep = _bool_in(ctx, cond, x.perm)
-        if not kept:
-            keep = ctx.emit("logical_not", keep, perm=x.perm)
+        x, keep, factor = masked
     else:
         x = _float_ref(ctx, input)
     axis = layout.ir_axis(x.perm, dim)
@@ -150,7 +157,7 @@ def softmax(ctx: ImportContext, node, input: Ref, dim, dtype=None, half_to_float
         return Ref.of(ctx.emit("softmax", ctx.as_float(x), perm=x.perm, axis=axis), x.perm)
 
     perm = x.perm
-    _, e, total = exponentials(ctx, x, axis, keep)
+    _, e, total = exponentials(ctx, x, axis, keep, factor)
     one = ctx.constant(np.full((1,) * x.rank, 2**PROB_BITS, np.int32),
                        QuantSpec.per_tensor(2.0**-PROB_BITS, 0, DType.INT32))
     p = ctx.emit("intdiv", ctx.emit("mul", e, one, perm=perm), total, perm=perm)
