@@ -9,15 +9,20 @@ see the same machine load) and the median of ``--runs`` is reported. The int8 ou
 is checked once against the reference interpreter (bit-exact). Targets on the
 2-core machine: MobileNetV2 <= 16 ms, ResNet-18 <= 60 ms.
 
-LiteRT rows (``--no-litert`` skips them): the zoo models themselves, quantized by qlower at 224 and
-compiled for the ``litert`` target once per kernel family (``xnnpack``: the default delegates,
-``builtin``: LiteRT's optimized builtin kernels), with qlower's ``cpu`` backend running the same
-quantized graph as a third column; the three take turns in blocks of 10 timed runs (after 3
-untimed ones, so no runtime is timed against another's still-spinning thread pool). Each output is compared once with
-the reference interpreter on the program's source: max difference in output steps and share of exact
-elements.
+Zoo-model rows (``--no-litert`` skips them), at each of ``--zoo-threads`` (1 and 2): the zoo models
+themselves at 224, batch 1, in four runtimes: ExecuTorch 1.5.1's XNNPACK (the same model class and
+weights, quantized by ExecuTorch's XNNPACK quantizer and lowered by its partitioner, run by its Python
+runtime in a venv of its own made on demand, see executorch_column.py; ``--no-executorch`` skips it, and
+it is skipped with the reason when it can't be built), and qlower's quantization of the model compiled
+for ``litert`` once per kernel family (``xnnpack``: the default delegates, ``builtin``: LiteRT's optimized
+builtin kernels) and for qlower's ``cpu`` backend (the xnnpack program's quantized graph). They take
+turns in blocks of 10 timed runs (after 3 untimed ones, so no runtime is timed against another's
+still-spinning thread pool); ratios are to ExecuTorch's median of the same run. Each qlower output is
+compared once with the reference interpreter on the program's source: max difference in output steps
+and share of exact elements.
 
-    python benchmarks/latency.py [--runs 50] [--warmup 10] [--threads 2] [--no-check] [--no-litert]
+    python benchmarks/latency.py [--runs 50] [--warmup 10] [--threads 2] [--no-check] [--no-ir]
+                                 [--no-litert] [--zoo-threads 1 2] [--no-executorch]
 
 Prints a table and writes benchmarks/results/latency.json (per-run times, medians,
 load average, machine).
@@ -30,6 +35,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -99,41 +105,82 @@ def bench(name: str, runs: int, warmup: int, threads: int, check: bool) -> dict:
     }
 
 
-def bench_litert(name: str, runs: int, warmup: int, threads: int) -> dict:
-    """The zoo model quantized at 224: LiteRT (xnnpack, builtin) and qlower's cpu backend, in turns."""
+def _stats(times: list[float]) -> dict:
+    return {"median_ms": round(statistics.median(times) * 1e3, 3), "p10_ms": round(np.percentile(times, 10) * 1e3, 3),
+            "p90_ms": round(np.percentile(times, 90) * 1e3, 3)}
+
+
+def _exactness(p, x: np.ndarray) -> dict:
+    """The program's output against the reference interpreter on its source: max steps, exact share."""
+    want, got = run_graph(p.source, [x])[0], p.run(x)[0]
+    step = float(p.source.ops[-1].operands[0].type.quant.scale[0]) if p.source.ops[-1].kind == "dequantize" else 1
+    diff = np.abs(got.astype(np.float64) - want.astype(np.float64)) / step
+    return {"max_steps_vs_reference": round(float(diff.max()), 3), "exact_share": round(float(np.mean(diff == 0)), 4)}
+
+
+def executorch_runtime(name: str, venv: Path | None):
+    """ExecuTorch's XNNPACK runtime of the zoo model (a Server), or the reason it can't be had."""
+    if venv is None:
+        return "skipped (--no-executorch)"
+    import executorch_column as et
+    model, example, _, calibration = zoo.get(MODELS[name][1])
+    try:
+        python = et.venv_python(venv)
+        return et.Server(python, *et.export_pte(python, model.eval(), calibration, example))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        return f"unavailable: {e}"
+
+
+def bench_litert(name: str, runs: int, warmup: int, thread_counts: list[int], et_venv: Path | None) -> dict:
+    """The zoo model quantized at 224: ExecuTorch's XNNPACK, LiteRT (xnnpack, builtin) and qlower's cpu backend,
+    timed in blocks taking turns, at each thread count."""
     import qlower
     from qlower.api import lower_graph
 
     _, zoo_name, _ = MODELS[name]
     model, example, cfg, calibration = zoo.get(zoo_name)
-    progs = {f"litert {k}": qlower.compile(model, example, target="litert", quant=cfg, calibration=calibration,
-                                           progress=False, backend_options={"kernels": k, "threads": threads})
-             for k in ("xnnpack", "builtin")}
-    progs["cpu"] = lower_graph(progs["litert xnnpack"].source, "cpu", threads=threads)
+    base = qlower.compile(model, example, target="litert", quant=cfg, calibration=calibration, progress=False,
+                          backend_options={"kernels": "xnnpack"})
+    canonical = base.canonical_graph
     x = example[0].numpy()
-    times: dict[str, list[float]] = {k: [] for k in progs}
-    for _ in range(warmup):
-        for p in progs.values():
-            p.run(x)
-    # blocks of BLOCK runs, runtimes taking turns: each runtime's thread pool (OpenMP, ruy, pthreadpool)
-    # spins for a while after it runs, so run-by-run alternation would time each one against the
-    # previous one's spinning threads; a block's first runs are discarded instead
-    while min(len(t) for t in times.values()) < runs:
-        for k, p in progs.items():
-            for _ in range(SETTLE):
-                p.run(x)
-            times[k].extend(_time(lambda p=p: p.run(x)) for _ in range(min(BLOCK, runs - len(times[k]))))
-    rows = {}
-    for k, p in progs.items():
-        want, got = run_graph(p.source, [x])[0], p.run(x)[0]
-        step = float(p.source.ops[-1].operands[0].type.quant.scale[0]) if p.source.ops[-1].kind == "dequantize" else 1
-        diff = np.abs(got.astype(np.float64) - want.astype(np.float64)) / step
-        rows[k] = {"median_ms": round(statistics.median(times[k]) * 1e3, 3),
-                   "p10_ms": round(np.percentile(times[k], 10) * 1e3, 3),
-                   "p90_ms": round(np.percentile(times[k], 90) * 1e3, 3),
-                   "max_steps_vs_reference": round(float(diff.max()), 3),
-                   "exact_share": round(float(np.mean(diff == 0)), 4)}
-    return {"model": name, "size": 224, "rows": rows}
+    et = executorch_runtime(name, et_venv)
+    result = {"model": name, "size": 224, "executorch": None if isinstance(et, str) else "1.5.1 xnnpack",
+              "executorch_note": et if isinstance(et, str) else None, "threads": {}}
+    try:
+        for threads in thread_counts:
+            runners: dict[str, object] = {}
+            progs = {f"qlower litert {k}": lower_graph(canonical, "litert", backend_options={"kernels": k,
+                                                                                            "threads": threads})
+                     for k in ("xnnpack", "builtin")}
+            progs["qlower cpu"] = lower_graph(progs["qlower litert xnnpack"].source, "cpu", threads=threads)
+            if not isinstance(et, str):
+                et.set_threads(threads)
+                runners["executorch xnnpack"] = et.run
+            for k, p in progs.items():
+                runners[k] = lambda n, p=p: [_time(lambda: p.run(x)) for _ in range(n)]
+            order = ["executorch xnnpack", "qlower litert xnnpack", "qlower cpu", "qlower litert builtin"]
+            runners = {k: runners[k] for k in order if k in runners}
+            for run in runners.values():
+                run(warmup)
+            # blocks of BLOCK runs, runtimes taking turns: each runtime's thread pool (OpenMP, ruy, pthreadpool)
+            # spins for a while after it runs, so run-by-run alternation would time each one against the
+            # previous one's spinning threads; SETTLE untimed runs start each block instead
+            times: dict[str, list[float]] = {k: [] for k in runners}
+            while min(len(t) for t in times.values()) < runs:
+                for k, run in runners.items():
+                    run(SETTLE)
+                    times[k].extend(run(min(BLOCK, runs - len(times[k]))))
+            rows = {k: _stats(t) for k, t in times.items()}
+            for k, p in progs.items():
+                rows[k].update(_exactness(p, x))
+            ref = rows.get("executorch xnnpack")
+            for row in rows.values():
+                row["vs_executorch"] = round(row["median_ms"] / ref["median_ms"], 3) if ref else None
+            result["threads"][str(threads)] = rows
+    finally:
+        if not isinstance(et, str):
+            et.close()
+    return result
 
 
 def main() -> None:
@@ -143,13 +190,23 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--no-check", dest="check", action="store_false", help="skip the reference comparison")
-    parser.add_argument("--no-litert", dest="litert", action="store_false", help="skip the LiteRT rows")
+    parser.add_argument("--no-litert", dest="litert", action="store_false",
+                        help="skip the zoo-model rows (ExecuTorch, LiteRT, cpu)")
+    parser.add_argument("--zoo-threads", type=int, nargs="+", default=[1, 2],
+                        help="thread counts of the zoo-model rows (default 1 2)")
+    parser.add_argument("--executorch-venv", type=Path, default=Path(__file__).parent / "results" / "executorch-venv",
+                        help="where ExecuTorch's venv is (made on demand)")
+    parser.add_argument("--no-executorch", dest="executorch", action="store_false",
+                        help="skip the ExecuTorch XNNPACK column")
+    parser.add_argument("--no-ir", dest="ir", action="store_false", help="skip the IR-graph rows")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "latency.json")
     args = parser.parse_args()
 
     load_before = os.getloadavg()[0]
-    rows = [bench(m, args.runs, args.warmup, args.threads, args.check) for m in args.models]
-    litert = [bench_litert(m, args.runs, args.warmup, args.threads) for m in args.models] if args.litert else []
+    rows = [bench(m, args.runs, args.warmup, args.threads, args.check) for m in args.models] if args.ir else []
+    et_venv = args.executorch_venv if args.executorch else None
+    litert = ([bench_litert(m, args.runs, args.warmup, args.zoo_threads, et_venv) for m in args.models]
+              if args.litert else [])
     result = {
         "benchmark": "latency", "threads": args.threads, "runs": args.runs, "warmup": args.warmup,
         "models": rows, "zoo_models": litert,
@@ -172,18 +229,24 @@ def _print_table(r: dict) -> None:
              f"{m['fp32_eager_ms']['median']:.2f}", f"{m['speedup_vs_fp32']:.2f}x",
              {True: "yes", False: "NO", None: "-"}[m["bit_exact_vs_reference"]]) for m in r["models"]]
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    for line in (header, *rows):
+    for line in (header, *rows) if rows else ():
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
     if r["zoo_models"]:
-        print("\nzoo models quantized by qlower (224x224, batch 1), same run, blocks taking turns:")
-        print(f"{'model':14s} {'runtime':16s} {'median ms':>10s} {'p10-p90':>14s} {'max steps':>10s} {'exact':>8s}")
+        print("\nzoo models (224x224, batch 1), same run, blocks of 10 taking turns; ratio to ExecuTorch's XNNPACK:")
+        print(f"{'model':14s} {'thr':>3s} {'runtime':22s} {'median ms':>10s} {'p10-p90':>14s} {'vs ET':>7s} "
+              f"{'max steps':>10s} {'exact':>8s}")
         for m in r["zoo_models"]:
-            for k, row in m["rows"].items():
-                print(f"{m['model']:14s} {k:16s} {row['median_ms']:10.2f} "
-                      f"{row['p10_ms']:6.1f}-{row['p90_ms']:<7.1f} {row['max_steps_vs_reference']:10.3f} "
-                      f"{100 * row['exact_share']:7.2f}%")
+            if m["executorch_note"]:
+                print(f"{m['model']}: ExecuTorch XNNPACK column {m['executorch_note']}")
+            for threads, rows in m["threads"].items():
+                for k, row in rows.items():
+                    ratio = f"{row['vs_executorch']:.2f}x" if row["vs_executorch"] else "-"
+                    steps = f"{row['max_steps_vs_reference']:10.3f}" if "exact_share" in row else f"{'-':>10s}"
+                    exact = f"{100 * row['exact_share']:7.2f}%" if "exact_share" in row else f"{'-':>8s}"
+                    print(f"{m['model']:14s} {threads:>3s} {k:22s} {row['median_ms']:10.2f} "
+                          f"{row['p10_ms']:6.1f}-{row['p90_ms']:<7.1f} {ratio:>7s} {steps} {exact}")
     mc = r["machine"]
-    print(f"threads {r['threads']}, median of {r['runs']} runs after {r['warmup']} warm-up; "
+    print(f"IR rows: threads {r['threads']}; median of {r['runs']} runs after {r['warmup']} warm-up; "
           f"load average {mc['load_average_1min_before']} -> {mc['load_average_1min_after']} on {mc['cpus']} CPUs")
 
 

@@ -10,7 +10,7 @@ intermediate value traced.
 import numpy as np
 import pytest
 
-from qlower.backends.cpu import native, prepare
+from qlower.backends.cpu import lut, native, prepare
 from qlower.errors import ExecutionError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
 from qlower.reference import run_graph
@@ -95,3 +95,52 @@ def test_fusion_leaves_shared_intermediates_alone():
         return [b.op("clamp", y, min=0, max=127), b.op("clamp", y, min=-5, max=5)]
     plans = check(build)
     assert plans[0].fused == ["conv2d+rescale"]
+
+
+def _shifted_add(b, kind, a_shape=(1, 256, 256, 1)):
+    """TFLite's residual add: each input shifted left by a rescale, then scaled to a common int32 scale."""
+    a = b.input("a", TensorType(a_shape, I8, q8(0.05, -3)))
+    c = b.input("c", TensorType(a_shape, I8, q8(0.08, 10)))
+    common = q32(0.08 / 2**20)
+
+    def side(x, scale):
+        return b.op("rescale", b.op("rescale", x, out=q32(scale / 2**20)), out=common, rounding="double")
+    s = b.op(kind, side(a, 0.05), side(c, 0.08))
+    y = b.op("rescale", s, out=q8(0.1, -100), rounding="double")
+    return [b.op("clamp", y, min=-100, max=90)]
+
+
+@pytest.mark.parametrize("kind", ["add", "sub"])
+def test_shifted_residual_add_is_one_table_exact_on_every_code_pair(kind):
+    """Every one of the 65,536 pairs of codes (the table's first and last entries included) against the
+    reference, with the table kernel (native and torch), unfused, and traced op by op."""
+    b = GraphBuilder("t")
+    graph = verify_graph(b.build(_shifted_add(b, kind)))
+    codes = np.arange(-128, 128, dtype=np.int8)
+    pairs = [np.repeat(codes, 256).reshape(1, 256, 256, 1), np.tile(codes, 256).reshape(1, 256, 256, 1)]
+    plans = assert_cpu_matches_reference(graph, pairs, configs=({}, {"native": False}, {"fuse": False}), trace=False)
+    label = f"rescale+rescale+rescale+rescale+{kind}+rescale+clamp"
+    assert plans[0].fused == plans[1].fused == [label]
+    assert plans[2].fused == []
+
+
+def test_a_chain_that_can_fail_is_not_tabled_and_raises_like_the_reference():
+    """An output rescale by 2**22.5 takes sums in [-128, 128) only (TOSA's REQUIRE): no table (it would hide
+    the error); the native add runs, matches the reference where the sums are small and raises where it does."""
+    def build(b):
+        a = b.input("a", TensorType((1, 2, 3, 4), I8, q8(0.05, 0)))
+        c = b.input("c", TensorType((1, 2, 3, 4), I8, q8(0.05, 0)))
+        s = b.op("add", b.op("rescale", a, out=q32(0.05)), b.op("rescale", c, out=q32(0.05)))
+        return [b.op("rescale", s, out=q8(0.05 / 2**22.5, 0))]
+    b = GraphBuilder("t")
+    graph = verify_graph(b.build(build(b)))
+    assert lut.table_of(graph.inputs[0], graph.inputs[1], list(graph.ops)) is None
+    rng = np.random.default_rng(3)
+    small = [rng.integers(-60, 61, (1, 2, 3, 4)).astype(np.int8) for _ in range(2)]
+    plans = assert_cpu_matches_reference(graph, small, configs=({}, {"fuse": False}), trace=False)
+    assert plans[0].fused == ["rescale+rescale+add+rescale"]
+    big = [np.full((1, 2, 3, 4), 100, np.int8)] * 2
+    with pytest.raises(ExecutionError, match="out of range"):
+        run_graph(graph, big)
+    with pytest.raises(ExecutionError, match="out of range"):
+        plans[0].run(big)

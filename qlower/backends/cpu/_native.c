@@ -275,3 +275,117 @@ void qlw_im2col_i8(const int8_t *restrict x, const int64_t *restrict g, int8_t *
         }
     }
 }
+
+/* A binary int8 function given by its table: y[i] = t[(a[i] + 128) * 256 + (b[i] + 128)].
+ * The table (65536 codes, built from the reference's ops by fusion.py) holds the whole chain. */
+void qlw_lut2_i8(const int8_t *restrict a, const int8_t *restrict b, int64_t n, const int8_t *restrict t,
+                 int8_t *restrict y) {
+    const int64_t block = 16384, nblocks = (n + block - 1) / block;
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t blk = 0; blk < nblocks; blk++) {
+        const int64_t i0 = blk * block, i1 = i0 + block < n ? i0 + block : n;
+        for (int64_t i = i0; i < i1; i++)
+            y[i] = t[(((int64_t)a[i] + 128) << 8) | ((int64_t)b[i] + 128)];
+    }
+}
+
+/* int8 GEMM with the requantization fused, on AVX-512 VNNI (vpdpbusd: unsigned x signed bytes, 4-term
+ * int32 dot products, wrapping adds). x: M rows of K int8 codes (row stride K); w: the weights packed as
+ * [NP/16][KP/4][16][4] int8 (NP, KP: N, K rounded up to 16 and 4, zero-filled); ch: 5 arrays of NP int64:
+ * off (the GEMM's folded offsets, minus 128 * the weight column sums, see below), mult, shift, rnd_pos, rnd_neg;
+ * sc: out_zp, lo1, hi1, lo2, hi2. y: M x N int8.
+ * The kernel reads x + 128 (an unsigned byte), so a dot product is sum (x + 128) * w = sum x * w +
+ * 128 * colsum(w), and off carries -128 * colsum(w). Exact when the caller proves (gemm.py, conv.py):
+ * K * 255 * 128 < 2**31 (every true dot product, and so the wrapped int32 sum, is exact), |acc| < 2**31 for
+ * acc = dot + off (the true accumulator, bias included; wrapping int32 adds then give it exactly), and
+ * every shift >= 32 (apply_scale_32's REQUIRE then holds for any int32), in_zp = 0. Then per channel:
+ * y = clamp(clamp(((acc * mult + rnd) >> shift) + out_zp, lo1, hi1), lo2, hi2), rnd by acc's sign, as
+ * DEFINE_RESCALE computes. qlw_has_qgemm() says whether this build has it (an AVX-512 VNNI CPU). */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#include <string.h>
+
+static inline __m512i load_x4(const int8_t *p, int64_t k, int64_t K) {
+    int32_t word;
+    if (k + 4 <= K) {
+        memcpy(&word, p + k, 4);
+    } else {
+        uint8_t b[4] = {0x80, 0x80, 0x80, 0x80};   /* x = 0 after the flip below; the weights there are 0 */
+        for (int64_t i = 0; k + i < K; i++) b[i] = (uint8_t)p[k + i];
+        memcpy(&word, b, 4);
+    }
+    return _mm512_set1_epi32(word ^ (int32_t)0x80808080);   /* x + 128 as unsigned bytes */
+}
+
+static inline void requant_store16(__m512i acc, const int64_t *restrict ch, int64_t NP, int64_t n0, int64_t N,
+                                   const out_params o, int8_t *restrict y) {
+    const __m512i zp = _mm512_set1_epi64(o.zp), lo1 = _mm512_set1_epi64(o.lo1), hi1 = _mm512_set1_epi64(o.hi1);
+    const __m512i lo2 = _mm512_set1_epi64(o.lo2), hi2 = _mm512_set1_epi64(o.hi2);
+    for (int half = 0; half < 2; half++) {
+        const int64_t c = n0 + 8 * half;
+        const __m512i a = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(acc, 1)
+                                                     : _mm512_castsi512_si256(acc));
+        const __m512i v = _mm512_add_epi64(a, _mm512_loadu_si512(ch + c));
+        const __m512i m = _mm512_loadu_si512(ch + NP + c), s = _mm512_loadu_si512(ch + 2 * NP + c);
+        const __mmask8 neg = _mm512_cmplt_epi64_mask(v, _mm512_setzero_si512());
+        const __m512i rnd = _mm512_mask_blend_epi64(neg, _mm512_loadu_si512(ch + 3 * NP + c),
+                                                    _mm512_loadu_si512(ch + 4 * NP + c));
+        __m512i t = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mul_epi32(v, m), rnd), s);
+        t = _mm512_add_epi64(t, zp);
+        t = _mm512_min_epi64(_mm512_max_epi64(t, lo1), hi1);
+        t = _mm512_min_epi64(_mm512_max_epi64(t, lo2), hi2);
+        const int64_t left = N - c;
+        if (left > 0)
+            _mm512_mask_cvtepi64_storeu_epi8(y + c, (__mmask8)(left >= 8 ? 0xFF : (1u << left) - 1), t);
+    }
+}
+
+int64_t qlw_has_qgemm(void) { return 1; }
+
+/* One tile: R rows (R <= 4) x V vectors of 16 channels (V <= 4); R == V == 4 is the hot case, with every
+ * bound a constant so that the 16 accumulators stay in registers. */
+#define QGEMM_TILE(NAME, RMAX, VMAX)                                                                  \
+static inline void NAME(const int8_t *restrict x, int64_t K, int64_t KP, const int8_t *restrict wb,   \
+                        int64_t R, int64_t V, __m512i acc[4][4]) {                                    \
+    const int64_t rows = RMAX ? RMAX : R, vecs = VMAX ? VMAX : V;                                     \
+    for (int64_t r = 0; r < 4; r++)                                                                   \
+        for (int64_t v = 0; v < 4; v++) acc[r][v] = _mm512_setzero_si512();                           \
+    for (int64_t k = 0; k < KP; k += 4) {                                                             \
+        __m512i wv[4];                                                                                \
+        for (int64_t v = 0; v < vecs; v++) wv[v] = _mm512_loadu_si512(wb + (v * KP + k) * 16);        \
+        for (int64_t r = 0; r < rows; r++) {                                                          \
+            const __m512i xv = load_x4(x + r * K, k, K);                                              \
+            for (int64_t v = 0; v < vecs; v++) acc[r][v] = _mm512_dpbusd_epi32(acc[r][v], xv, wv[v]); \
+        }                                                                                             \
+    }                                                                                                 \
+}
+QGEMM_TILE(qgemm_tile_4x4, 4, 4)
+QGEMM_TILE(qgemm_tile_any, 0, 0)
+
+void qlw_qgemm_i8(const int8_t *restrict x, int64_t M, int64_t K, int64_t N, const int8_t *restrict w,
+                  const int64_t *restrict ch, const int64_t *restrict sc, int8_t *restrict y) {
+    const int64_t NP = (N + 15) / 16 * 16, KP = (K + 3) / 4 * 4, nb = (NP / 16 + 3) / 4, mb = (M + 3) / 4;
+    const out_params o = load_out(sc);
+    _Pragma("omp parallel for collapse(2) schedule(static)")
+    for (int64_t bn = 0; bn < nb; bn++) {
+        for (int64_t bm = 0; bm < mb; bm++) {
+            const int64_t m0 = bm * 4, rows = M - m0 < 4 ? M - m0 : 4;
+            const int64_t v0 = bn * 4, vecs = NP / 16 - v0 < 4 ? NP / 16 - v0 : 4;
+            const int8_t *restrict wb = w + v0 * KP * 16;
+            __m512i acc[4][4];
+            if (rows == 4 && vecs == 4) qgemm_tile_4x4(x + m0 * K, K, KP, wb, 4, 4, acc);
+            else qgemm_tile_any(x + m0 * K, K, KP, wb, rows, vecs, acc);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t v = 0; v < vecs; v++)
+                    requant_store16(acc[r][v], ch, NP, (v0 + v) * 16, N, o, y + (m0 + r) * N);
+        }
+    }
+}
+#else
+int64_t qlw_has_qgemm(void) { return 0; }
+
+void qlw_qgemm_i8(const int8_t *x, int64_t M, int64_t K, int64_t N, const int8_t *w, const int64_t *ch,
+                  const int64_t *sc, int8_t *y) {
+    (void)x; (void)M; (void)K; (void)N; (void)w; (void)ch; (void)sc; (void)y;
+}
+#endif

@@ -2,7 +2,9 @@
 
 * groups == 1 convolutions and fully_connected are GEMMs (gemm.py): a pointwise
   conv reads the input as an [M, C] matrix, others go through im2col, whose
-  padding taps hold the input zero point (so they contribute exactly 0).
+  padding taps hold the input zero point (so they contribute exactly 0). Followed
+  by an int8 rescale, they run as one native GEMM + requantization where
+  qgemm.py proves it exact (AVX-512 VNNI machines).
 * depthwise and grouped convolutions run "direct": the native int32 depthwise
   kernel (exact while ``KH*KW*max|x - x_zp|*max|w - w_zp| < 2**31``), or torch's
   float convolution on zero-point-centered operands, in float32 when
@@ -23,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qlower.backends.cpu import gemm, weights_cache
+from qlower.backends.cpu import gemm, qgemm, weights_cache
 from qlower.backends.cpu.context import BuildContext, Kernel, builder
 from qlower.backends.cpu.quantization import Requantizer, RescaleParams
 from qlower.backends.cpu.tensor_utils import INT32_MAX, check_int32, execution_error
@@ -152,10 +154,17 @@ class GemmConv(_IntGemmOp):
             return Requantizer(params, rank, DType.INT32, rescale_op, self.ctx.native, offset=offset,
                                acc_op=self.op, clamp=clamp)
         static_rq = requantizer(self.packed) if self.packed is not None else None
+        native = self.ctx.native
+        fused = (qgemm.pack(self.packed, params, rank, clamp)
+                 if self.packed is not None and native is not None and native.has_qgemm else None)
 
         def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
             p = self.weights(w, b)
             cols = self.cols(x)
+            if fused is not None and p is self.packed:
+                out = torch.empty(self.out_shape, dtype=torch.int8)
+                native.qgemm(cols.contiguous(), fused.weights, fused.n, fused.chan, fused.scalars, out)
+                return out
             raw = gemm.raw_sum(p, cols) if p.w_zp is None else gemm.accumulate(p, cols, self.op)
             rq = static_rq if p is self.packed else requantizer(p)
             return rq(raw.reshape(self.out_shape))

@@ -2,8 +2,10 @@
 
 * conv2d | fully_connected -> rescale [-> clamp]: the GEMM's folded offsets, the
   rescale and the clamp in one pass over the accumulator (conv.py).
-* rescale(a) -> int32, rescale(b) -> int32, add | sub -> rescale [-> clamp], int8
-  in and out, same shapes: the quantized residual add, one native pass.
+* int8 a, b -> per-tensor rescale chains -> add | sub -> rescales / clamps -> int8, same
+  shapes: the quantized residual add as one lookup in a table of all 256 x 256 code
+  pairs made by the reference's kernels (lut.py); when a pair would raise, the same
+  chain with one rescale per side runs as one native pass (the reference's arithmetic).
 * [dynamic_quantize] -> conv2d | fully_connected -> dequantize [-> add(float const)]
   (dynamic.py).
 
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qlower.backends.cpu import lut
 from qlower.backends.cpu import native as native_mod
 from qlower.backends.cpu.context import BuildContext, Kernel
 from qlower.backends.cpu.conv import DirectConv, GemmConv
@@ -162,7 +165,16 @@ def match_dynamic(op: Op, facts: FusionContext, kernels: dict[Op, Kernel], ctx: 
     return FusedGroup(ops, inputs, (ops[-1].result,), dynamic_kernel(dq, op, deq, add, ctx))
 
 
-MATCHERS: tuple[Matcher, ...] = (match_dynamic, match_conv_requant, match_quantized_add)
+def match_binary_table(op: Op, facts: FusionContext, kernels: dict[Op, Kernel], ctx: BuildContext
+                       ) -> FusedGroup | None:
+    found = lut.binary_table(op, facts, ctx)
+    if found is None:
+        return None
+    ops, inputs, output, kernel = found
+    return FusedGroup(ops, inputs, (output,), kernel)
+
+
+MATCHERS: tuple[Matcher, ...] = (match_dynamic, match_conv_requant, match_binary_table, match_quantized_add)
 
 
 def find_groups(graph: Graph, kernels: dict[Op, Kernel], ctx: BuildContext) -> list[FusedGroup]:

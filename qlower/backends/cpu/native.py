@@ -99,6 +99,12 @@ class NativeKernels:
         self._dwconv.argtypes, self._dwconv.restype = [p, p, p, p, p, p, i64], i64
         self._im2col = lib.qlw_im2col_i8
         self._im2col.argtypes, self._im2col.restype = [p, p, p], None
+        self._lut2 = lib.qlw_lut2_i8
+        self._lut2.argtypes, self._lut2.restype = [p, p, i64, p, p], None
+        self._qgemm = lib.qlw_qgemm_i8
+        self._qgemm.argtypes, self._qgemm.restype = [p, i64, i64, i64, p, p, p, p], None
+        lib.qlw_has_qgemm.restype = i64
+        self.has_qgemm = lib.qlw_has_qgemm() == 1  # built without AVX-512 VNNI, qgemm is an empty stub
         self.path = path
 
     def can_rescale(self, tin: torch.dtype, tout: torch.dtype) -> bool:
@@ -120,6 +126,15 @@ class NativeKernels:
 
     def im2col(self, x: torch.Tensor, geometry: torch.Tensor, cols: torch.Tensor) -> None:
         self._im2col(_ptr(x), _ptr(geometry), _ptr(cols))
+
+    def qgemm(self, x: torch.Tensor, w: torch.Tensor, n: int, chan: torch.Tensor, scalars: torch.Tensor,
+              out: torch.Tensor) -> None:
+        """int8 ``x`` [M, K] times VNNI-packed weights, requantized to int8 ``out`` [M, n] (qgemm.py)."""
+        self._qgemm(_ptr(x), x.shape[0], x.shape[1], n, _ptr(w), _ptr(chan), _ptr(scalars), _ptr(out))
+
+    def lut2(self, a: torch.Tensor, b: torch.Tensor, table: torch.Tensor, out: torch.Tensor) -> None:
+        """``out[i] = table[(a[i] + 128) * 256 + b[i] + 128]``: int8 ``a``, ``b``, ``out`` of one size, int8 table."""
+        self._lut2(_ptr(a), _ptr(b), a.numel(), _ptr(table), _ptr(out))
 
 
 def load() -> NativeKernels | None:
