@@ -44,7 +44,8 @@ def measure(name: str) -> dict:
     reference = qlower.compile(model, example, target="reference", quant=quant, calibration=calib[:2], progress=False)
     row: dict = {"model": name, "ir_ops": len(reference.source.ops)}
     for label, target, options in (("before", "ethos-u55-128", {"divider_free": False}),
-                                   ("after", "ethos-u55-128", {}), ("u85", "ethos-u85-256", {})):
+                                   ("after", "ethos-u55-128", {}), ("u85_before", "ethos-u85-256", {"divider_free": False}),
+                                   ("u85", "ethos-u85-256", {})):
         t0 = time.perf_counter()
         prog = lower_graph(reference.source, target, backend_options=options)
         row[label] = {"partitions": len(prog.partitions), "host_ops": _host_ops(prog),
@@ -60,17 +61,18 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "u55_partitions.json")
     args = ap.parse_args()
     rows = []
-    print(f"{'model':16s} {'IR ops':>6s} {'U55 before':>10s} {'U55 after':>9s} {'U85':>4s}  exact  "
-          "host ops after (before)")
+    print(f"{'model':16s} {'IR ops':>6s} {'U55 before':>10s} {'U55 after':>9s} {'U85 before':>10s} {'U85 after':>9s} "
+          f"{'U85 cycles before':>17s} {'after':>9s}  exact  host ops after (before)")
     for name in args.models:
         r = measure(name)
         rows.append(r)
-        b, a, u = r["before"], r["after"], r["u85"]
+        b, a, ub, u = r["before"], r["after"], r["u85_before"], r["u85"]
         host = ", ".join(f"{k} {n}" for k, n in a["host_ops"].items()) or "-"
         was = ", ".join(f"{k} {n}" for k, n in b["host_ops"].items()) or "-"
-        exact = "yes" if b["exact"] and a["exact"] and u["exact"] else "NO"
-        print(f"{name:16s} {r['ir_ops']:>6d} {b['partitions']:>10d} {a['partitions']:>9d} {u['partitions']:>4d}  "
-              f"{exact:5s}  {host} ({was})", flush=True)
+        exact = "yes" if b["exact"] and a["exact"] and ub["exact"] and u["exact"] else "NO"
+        print(f"{name:16s} {r['ir_ops']:>6d} {b['partitions']:>10d} {a['partitions']:>9d} {ub['partitions']:>10d} "
+              f"{u['partitions']:>9d} {ub['npu_cycles']:>17,d} {u['npu_cycles']:>9,d}  {exact:5s}  {host} ({was})",
+              flush=True)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"rows": rows}, indent=2))
     print(f"wrote {args.json}")
