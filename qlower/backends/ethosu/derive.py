@@ -27,6 +27,18 @@ def _as_json(x: Any) -> Any:
     return json.loads(json.dumps(x))
 
 
+def optimise_goals(meta: dict) -> tuple[str, ...]:
+    """The Vela goals a payload's metadata can mean. Files written before the goal was recorded
+    (issue 30) have no ``optimise``: they were compiled with either, so both are tried, the
+    default first (the bytes decide, each derived again in full). A recorded goal is matched
+    without regard to case, as the option text is parsed (``size`` is ``Size``); anything else
+    means none."""
+    if "optimise" not in meta:
+        return OPTIMISE_GOALS
+    stated = meta["optimise"]
+    return tuple(g for g in OPTIMISE_GOALS if isinstance(stated, str) and stated.lower() == g.lower())
+
+
 def derived_problem(payload: Payload) -> str | None:
     """Why ``payload``'s Vela files or Vela facts are not what Vela makes of its TOSA graph, or None."""
     meta = payload.meta
@@ -37,14 +49,25 @@ def derived_problem(payload: Payload) -> str | None:
     if meta.get("accelerator") != payload.target:
         return f"its metadata names accelerator {str(meta.get('accelerator'))[:40]!r}, its target is {payload.target!r}"
     system, memory = meta.get("system_config"), meta.get("memory_mode")
-    optimise = meta.get("optimise", "Performance")
-    if not isinstance(system, str) or not isinstance(memory, str) or optimise not in OPTIMISE_GOALS:
+    goals = optimise_goals(meta)
+    if not isinstance(system, str) or not isinstance(memory, str) or not goals:
         return "its Vela configuration (system_config, memory_mode, optimise) is not a valid one"
     try:
         config = vela_config(payload.target, system, memory)
-        result = compile_cached(payload.blobs[GRAPH_BLOB], config, "per_layer" in meta, optimise)
+        # a file of before the goal was recorded: the goal whose bytes it holds (else the default's, reported)
+        results = {}
+        for optimise in goals:
+            results[optimise] = result = compile_cached(payload.blobs[GRAPH_BLOB], config, "per_layer" in meta,
+                                                        optimise)
+            if all(payload.blobs.get(name) == derived
+                   for name, derived in zip(VELA_BLOBS, (result.command_stream, result.read_only))):
+                break
+        else:
+            optimise = goals[0]
+            result = results[optimise]
     except QlowerError as e:
         return f"its Vela files can't be derived again from its validated {GRAPH_BLOB}: {str(e)[:300]}"
+    meta["optimise"] = optimise   # normalised: the goal's own spelling, recorded when the file had none
     for name, derived in zip(VELA_BLOBS, (result.command_stream, result.read_only)):
         if payload.blobs.get(name) != derived:
             return (f"its {name} is not what Vela makes of its validated {GRAPH_BLOB} for {payload.target} "
