@@ -66,6 +66,15 @@ class WorkerDied(Exception):
     """A worker process ended instead of answering; the message says how (e.g. "was killed by SIGSEGV")."""
 
 
+def crashed_on(tool: str, what: str, died: WorkerDied) -> str:
+    """The message for native code that crashed on a payload: what is known (which payload, the
+    signal or exit status), not a guess at its cause. A payload qlower lowered, or validated at
+    load byte for byte, is one the tool should run: its crash is a bug to report."""
+    return (f"{tool} crashed running {what}: its process {died}. A payload qlower lowered or validated at "
+            f"load that crashes {tool} is a bug: please report it with the program file. "
+            "The calling process is unaffected")
+
+
 class WorkerKilled(ExecutionError):
     """A worker was killed by a signal from outside (not a crash on its input) while it worked."""
 

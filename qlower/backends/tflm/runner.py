@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from qlower.backends.frames import from_npy, to_npy
-from qlower.backends.workers import WorkerDied, WorkerPool, close_at_exit
+from qlower.backends.workers import WorkerDied, WorkerPool, close_at_exit, crashed_on
 from qlower.errors import ExecutionError
 
 MAX_ARENA = 1 << 30   # no model qlower writes needs more; a payload claiming more is refused
@@ -25,8 +25,7 @@ def _call(request: list[bytes], what: str) -> list[bytes]:
     try:
         answer = _POOL.call(request)
     except WorkerDied as e:
-        raise ExecutionError(f"TFLM crashed on {what}: its process {e}. The model is invalid for TFLM "
-                             "(a corrupt or hand-edited payload?); the calling process is unaffected.") from None
+        raise ExecutionError(crashed_on("TFLM's interpreter", what, e)) from None
     if answer[0] != b"ok":
         text = answer[1].decode(errors="replace").strip() if len(answer) > 1 else "no reason given"
         raise ExecutionError(f"TFLM refused {what}: {text}")

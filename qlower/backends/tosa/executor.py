@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from qlower.backends.frames import from_npy, to_npy
-from qlower.backends.workers import WorkerDied, WorkerPool, close_at_exit
+from qlower.backends.workers import WorkerDied, WorkerPool, close_at_exit, crashed_on
 from qlower.errors import ExecutionError
 
 _MAX_DIAGNOSTIC_CHARS = 1500
@@ -50,9 +50,7 @@ def run(flatbuffer: bytes, inputs: Sequence[np.ndarray], what: str = "TOSA graph
     try:
         answer = _POOL.call(request)
     except WorkerDied as e:
-        raise ExecutionError(f"the TOSA reference model crashed running {what}: its process {e}. "
-                             "The graph is invalid for the reference model (a corrupt or hand-edited "
-                             "payload?); the calling process is unaffected.") from None
+        raise ExecutionError(crashed_on("the TOSA reference model", what, e)) from None
     if answer[0] == b"error":
         text = answer[1].decode(errors="replace")
         raise ExecutionError(f"the TOSA reference model rejected {what}: {_summary(text)}")
