@@ -1,18 +1,26 @@
 """What quantization costs, and what each method of qlower's wins back, on the trained zoo models and digits-hard.
 
-Per trained zoo model (``zoo.trained_names()``), on the ``digits-hard`` held-out split (the digits under a
-fixed seeded distortion, noise and occlusion, where fp32 is off the ceiling): fp32 top-1, then per
-quantization method the quantized model's (PyTorch fake-quant, what every target computes up to the
-importer's one step) top-1, top-1 agreement with fp32, output SQNR (dB) and the compile time (``qlower.compile``
-to the reference target, calibration included). Methods: int8 per-channel and per-tensor weights x
-each activation observer (minmax, histogram, percentile, mse), mse weights, + equalization and bias
-correction, + SmoothQuant (ViT), A16W8, and QAT (``qlower.prepare_qat``, a few epochs from the
-trained weights, per-tensor weights) where it exists.
+Per trained zoo model (``zoo.trained_names()``; every one at its trained size: digits_cnn 8x8, the others
+3x32x32), on the ``digits-hard`` held-out split (the digits under a fixed seeded distortion, noise and
+occlusion, where fp32 is off the ceiling): fp32 top-1, then per quantization method the quantized model's
+(PyTorch fake-quant, what every target computes up to the importer's one step) top-1, top-1 agreement with
+fp32, output SQNR (dB) and the compile time (``qlower.compile`` to the reference target, calibration
+included). Methods: int8 per-channel and per-tensor weights x each activation observer (minmax, histogram,
+percentile, mse), mse weights, + equalization and bias correction, + SmoothQuant (ViT), A16W8, QAT
+(``qlower.prepare_qat``, ``QAT_EPOCHS`` epochs from the trained weights); and the lossy settings where
+quantization visibly costs accuracy on these small models: 4-bit weights (``weight_qmin=-7, weight_qmax=7``,
+still int8 codes, so every target runs them exactly) per tensor and per channel, with min/max, + equalization
+and bias correction, and QAT.
+
+Resumable: each row is written to the JSON file as it finishes, and a new run skips the rows the file
+holds (``--redo`` re-measures the rows whose method contains one of the given words; failed rows are
+always re-measured).
 
 ``--calibration-speed``: calibration seconds of each observer on MobileNetV2 at 224 (random weights,
 the zoo's calibration batches), against min/max (goal: histogram / mse at most 2x).
 
-    python benchmarks/accuracy.py [--models digits_cnn ...] [--limit N] [--no-qat] [--calibration-speed]
+    python benchmarks/accuracy.py [--models digits_cnn ...] [--methods WORD ...] [--limit N] [--no-qat]
+                                  [--redo WORD ...] [--calibration-speed]
 
 Output: benchmarks/results/accuracy.json (and accuracy_calibration.json).
 """
@@ -30,12 +38,15 @@ import torch.nn.functional as F
 
 import qlower
 from qlower import QuantConfig, zoo
+from qlower.frontend.qat import freeze_ranges
 from qlower.verification.accuracy import float_outputs, quantization_quality
 from qlower.zoo import trained
+from qlower.zoo.training import shift
 
 HERE = Path(__file__).resolve().parent
 OBSERVERS = ["minmax", "histogram", "percentile", "mse"]
-QAT_EPOCHS, QAT_LR, QAT_BATCH = 2, 1e-4, 32
+QAT_EPOCHS, QAT_LR, QAT_BATCH = 3, 1e-4, 64
+W4 = {"weight_qmin": -7, "weight_qmax": 7}  # 4-bit weights in int8 codes
 
 
 def methods(name: str) -> list[tuple[str, QuantConfig]]:
@@ -50,7 +61,15 @@ def methods(name: str) -> list[tuple[str, QuantConfig]]:
         rows += [("per-channel minmax +smooth 0.5", QuantConfig(smooth=0.5)),
                  ("per-tensor minmax +smooth 0.5", QuantConfig(per_channel=False, smooth=0.5))]
     rows.append(("A16W8 per-channel", QuantConfig(act_dtype="int16")))
+    for per_channel, label in ((False, "W4 per-tensor"), (True, "W4 per-channel")):
+        base = QuantConfig(per_channel=per_channel, **W4)
+        rows += [(f"{label} minmax", base), (f"{label} mse weights", replace(base, weight_observer="mse")),
+                 (f"{label} minmax +eq+bc", replace(base, equalize=True, bias_correction=True))]
     return rows
+
+
+QAT_METHODS = [("per-tensor QAT", QuantConfig(per_channel=False)),
+               ("W4 per-tensor QAT", QuantConfig(per_channel=False, **W4))]
 
 
 def _row(label: str, quality, seconds: float, error: str = "") -> dict:
@@ -58,61 +77,68 @@ def _row(label: str, quality, seconds: float, error: str = "") -> dict:
             **({"error": error} if error else {})}
 
 
-def qat_row(name: str, model, example, calibration, data, reference, limit) -> dict | None:
-    """The QAT hook: per-tensor weights trained ``QAT_EPOCHS`` epochs from the trained weights."""
-    if not hasattr(qlower, "prepare_qat"):
-        return None
-    label = "per-tensor QAT"
-    t0 = time.perf_counter()
-    try:
-        quant = QuantConfig(per_channel=False)
-        qat = qlower.prepare_qat(model, example, quant, calibration)
-        if name == "digits_cnn":
-            x_train, y_train, _, _ = zoo.digits.dataset()
-        else:
-            x_train, y_train, _, _ = trained.dataset()
-        opt = torch.optim.Adam(qat.parameters(), lr=QAT_LR)
-        g = torch.Generator().manual_seed(28)
-        qat.train()
-        for _ in range(QAT_EPOCHS):
-            order = torch.randperm(len(y_train), generator=g)
-            for start in range(0, len(order), QAT_BATCH):
-                index = order[start:start + QAT_BATCH]
-                opt.zero_grad()
-                F.cross_entropy(qat(x_train[index]), y_train[index]).backward()
-                opt.step()
-        qat.eval()
-        prog = qlower.compile(qat, example, target="reference", progress=False)
-        quality = quantization_quality(model, prog.frontend.fake_quant, data, limit=limit, reference=reference)
-        return _row(label, quality, time.perf_counter() - t0)
-    except Exception as e:  # noqa: BLE001  (a benchmark row reports its failure and the table goes on)
-        return _row(label, None, time.perf_counter() - t0, f"{type(e).__name__}: {str(e)[:300]}")
+def qat_model(name: str, model, example, quant: QuantConfig, calibration, epochs: int = QAT_EPOCHS,
+              lr: float = QAT_LR, seed: int = 28):
+    """``model`` fine-tuned ``epochs`` epochs with ``qlower.prepare_qat(quant)`` on its training digits
+    (Adam at ``lr``, the recipe's shift augmentation, ranges frozen for the last epoch); in eval mode."""
+    qat = qlower.prepare_qat(model, example, quant, calibration)
+    x_train, y_train, _, _ = zoo.digits.dataset() if name == "digits_cnn" else trained.dataset()
+    opt = torch.optim.Adam(qat.parameters(), lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    qat.train()
+    for epoch in range(epochs):
+        if epoch == epochs - 1 and epochs > 1:
+            freeze_ranges(qat)
+        order = torch.randperm(len(y_train), generator=g)
+        for start in range(0, len(order), QAT_BATCH):
+            index = order[start:start + QAT_BATCH]
+            opt.zero_grad()
+            x = shift(x_train[index], 0 if name == "digits_cnn" else 2, g)
+            F.cross_entropy(qat(x), y_train[index]).backward()
+            opt.step()
+    return qat.eval()
 
 
-def measure(name: str, limit: int | None, qat: bool) -> dict:
+def measure(name: str, limit: int | None, qat: bool, results: dict, save, words: list[str] | None = None,
+            redo: list[str] | None = None) -> dict:
+    """Model ``name``'s rows into ``results[name]`` (rows it holds without an error are kept, unless their
+    method contains a word of ``redo``), calling ``save()`` after each new row."""
     model, example, _, calibration = zoo.get(name, trained=True)
     data = trained.held_out(name, "digits-hard")
     reference = float_outputs(model, data)
-    rows = []
-    for label, quant in methods(name):
-        t0 = time.perf_counter()
-        try:
-            prog = qlower.compile(model, example, target="reference", quant=quant, calibration=calibration,
-                                  progress=False)
-            seconds = time.perf_counter() - t0
-            rows.append(_row(label, quantization_quality(model, prog.frontend.fake_quant, data, limit=limit,
-                                                         reference=reference), seconds))
-        except Exception as e:  # noqa: BLE001
-            rows.append(_row(label, None, time.perf_counter() - t0, f"{type(e).__name__}: {str(e)[:300]}"))
-        print(f"  {name}: {_line(rows[-1])}", flush=True)
-    if qat:
-        row = qat_row(name, model, example, calibration, data, reference, limit)
-        if row is not None:
-            rows.append(row)
-            print(f"  {name}: {_line(row)}", flush=True)
     count = len(data.labels) if limit is None else min(limit, len(data.labels))
     fp32 = float((reference[:count].argmax(1) == data.labels[:count].numpy()).mean())
-    return {"model": name, "images": count, "fp32": fp32, "rows": rows}
+    weights = (zoo.digits.cache_path() if name == "digits_cnn" else trained.cache_path(name)).name
+    entry = results.setdefault(name, {"model": name, "rows": []})
+    if (entry.get("images"), entry.get("weights")) != (count, weights):
+        entry["rows"] = []  # measured on other images or other trained weights: not comparable
+    entry.update(images=count, weights=weights, fp32=fp32, size=list(example[0].shape[1:]))
+    done = {r["method"]: r for r in entry["rows"]
+            if "error" not in r and not any(w in r["method"] for w in redo or [])}
+    todo = methods(name) + (QAT_METHODS if qat else [])
+    for label, quant in todo:
+        if words and not any(w in label for w in words):
+            continue
+        if label in done:
+            print(f"  {name}: {_line(done[label])}  (kept)", flush=True)
+            continue
+        t0 = time.perf_counter()
+        try:
+            source = (qat_model(name, model, example, quant, calibration) if label.endswith("QAT") else model)
+            prog = qlower.compile(source, example, target="reference", quant=None if source is not model else quant,
+                                  calibration=None if source is not model else calibration, progress=False)
+            seconds = time.perf_counter() - t0
+            row = _row(label, quantization_quality(model, prog.frontend.fake_quant, data, limit=limit,
+                                                   reference=reference), seconds)
+        except Exception as e:  # noqa: BLE001  (a benchmark row reports its failure and the table goes on)
+            row = _row(label, None, time.perf_counter() - t0, f"{type(e).__name__}: {str(e)[:300]}")
+        entry["rows"] = [r for r in entry["rows"] if r["method"] != label] + [row]
+        save()
+        print(f"  {name}: {_line(row)}", flush=True)
+    order = {label: i for i, (label, _) in enumerate(methods(name) + QAT_METHODS)}
+    entry["rows"].sort(key=lambda r: order.get(r["method"], len(order)))
+    save()
+    return entry
 
 
 def _line(row: dict) -> str:
@@ -125,7 +151,8 @@ def _line(row: dict) -> str:
 def table(results: list[dict]) -> str:
     lines = []
     for r in results:
-        lines.append(f"{r['model']} on digits-hard ({r['images']} images): fp32 {100 * r['fp32']:.2f}%")
+        size = "x".join(map(str, r.get("size", [])))
+        lines.append(f"{r['model']} ({size}) on digits-hard ({r['images']} images): fp32 {100 * r['fp32']:.2f}%")
         lines.append(f"  {'method':34s} {'top-1':>7s} {'agree':>7s} {'SQNR dB':>7s} {'compile s':>9s}")
         lines += [f"  {_line(row)}" for row in r["rows"]]
     return "\n".join(lines)
@@ -150,6 +177,8 @@ def calibration_speed(repeats: int = 2) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=trained.names())
+    parser.add_argument("--methods", nargs="+", default=None, help="only the methods containing one of these words")
+    parser.add_argument("--redo", nargs="+", default=None, help="re-measure kept rows whose method contains one")
     parser.add_argument("--limit", type=int, default=None, help="held-out images per model (default: all)")
     parser.add_argument("--no-qat", action="store_true")
     parser.add_argument("--calibration-speed", action="store_true")
@@ -160,9 +189,17 @@ def main() -> None:
         speed = calibration_speed()
         (HERE / "results" / "accuracy_calibration.json").write_text(json.dumps(speed, indent=2))
         return
-    results = [measure(name, args.limit, not args.no_qat) for name in args.models]
-    print(table(results))
-    Path(args.out).write_text(json.dumps(results, indent=2))
+    out = Path(args.out)
+    results = {r["model"]: r for r in json.loads(out.read_text())} if out.exists() else {}
+
+    def save() -> None:
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(list(results.values()), indent=2))
+        tmp.replace(out)
+
+    for name in args.models:
+        measure(name, args.limit, not args.no_qat, results, save, args.methods, args.redo)
+    print(table([results[name] for name in args.models]))
 
 
 if __name__ == "__main__":

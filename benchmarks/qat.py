@@ -2,8 +2,8 @@
 
 Per model and QuantConfig: fp32, PTQ (qlower.compile with min/max calibration) and QAT
 (qlower.prepare_qat, a few epochs of fine-tuning on the training digits, then qlower.compile with the
-learned scales): top-1 of the compiled program on zoo.held_out (and on the ``digits-hard`` split
-when the zoo has one), epochs and seconds. Prints a table, writes benchmarks/results/qat.json.
+learned scales): top-1 of the compiled program on zoo.held_out and its ``digits-hard`` split, epochs and
+seconds. Prints a table, writes benchmarks/results/qat.json.
 
     .venv/bin/python benchmarks/qat.py                      # default cases
     .venv/bin/python benchmarks/qat.py --models digits_cnn --configs a4 --epochs 2 --limit 200
@@ -13,38 +13,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import qlower
 from qlower import zoo
-from qlower.frontend.qat import freeze_ranges
 from qlower.verification.accuracy import measure_accuracy
-from qlower.zoo import digits, trained
-from qlower.zoo.training import shift
+
+sys.path.insert(0, str(Path(__file__).parent))
+from accuracy import qat_model  # noqa: E402  (one QAT fine-tuning for both benchmarks)
 
 CONFIGS = {
     "per_tensor": qlower.QuantConfig(per_channel=False),
     "w4": qlower.QuantConfig(weight_qmin=-7, weight_qmax=7),
     "a4": qlower.QuantConfig(act_qmin=-8, act_qmax=7),
+    "w4_per_tensor": qlower.QuantConfig(per_channel=False, weight_qmin=-7, weight_qmax=7),
 }
-DEFAULT = [("digits_cnn", "a4"), ("mobilenet_v2", "per_tensor"), ("mobilenet_v3_small", "per_tensor")]
-
-
-def _training_data(name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y, _, _ = digits.dataset() if name == "digits_cnn" else trained.dataset()
-    return x, y
+DEFAULT = [("digits_cnn", "a4"), ("mobilenet_v2", "w4_per_tensor"), ("mobilenet_v3_small", "w4_per_tensor")]
 
 
 def _splits(name: str) -> dict[str, zoo.LabelledData]:
-    splits = {"held_out": zoo.held_out(name)}
-    hard = getattr(zoo, "held_out_hard", None)  # the digits-hard split, when the zoo has one
-    if hard is not None:
-        splits["digits_hard"] = hard(name)
-    return splits
+    return {"held_out": zoo.held_out(name), "digits_hard": zoo.held_out(name, "digits-hard")}
 
 
 def _top1(model, data: zoo.LabelledData) -> float:
@@ -66,21 +58,7 @@ def run_case(name: str, config: str, epochs: int, lr: float, limit: int | None) 
     row["ptq_seconds"] = round(time.perf_counter() - t0, 1)
 
     t0 = time.perf_counter()
-    x, y = _training_data(name)
-    qat = qlower.prepare_qat(zm.model, zm.example_inputs, quant, calibration=zm.calibration_batches)
-    opt = torch.optim.Adam(qat.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(2800)
-    qat.train()
-    for epoch in range(epochs):
-        if epoch == epochs - 1 and epochs > 1:
-            freeze_ranges(qat)  # the last epoch trains with the ranges fixed
-        order = torch.randperm(len(y), generator=g)
-        for start in range(0, len(order), 64):
-            i = order[start:start + 64]
-            opt.zero_grad()
-            F.cross_entropy(qat(shift(x[i], 0 if name == "digits_cnn" else 2, g)), y[i]).backward()
-            opt.step()
-    qat.eval()
+    qat = qat_model(name, zm.model, zm.example_inputs, quant, zm.calibration_batches, epochs, lr, seed=2800)
     row["qat_train_seconds"] = round(time.perf_counter() - t0, 1)
     prog = qlower.compile(qat, zm.example_inputs, "reference", progress=False)
     for split, data in splits.items():
