@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml
 	# torch first and pinned: pip takes the CPU build that lies on this machine's disk.
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[test]'
+	# ultralytics without its dependencies (the test extra has those its model builders use; see pyproject.toml)
+	$(BIN)/pip install --quiet --no-deps ultralytics==8.4.190
 	touch $(STAMP)
 
 # Test-only system dependencies: Vulkan (lavapipe + ML SDK) for VGF, Chromium for the HTML report,

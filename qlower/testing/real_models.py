@@ -1,18 +1,26 @@
-"""Hugging Face transformers models at reduced size, randomly initialised from tiny configs (nothing is
-downloaded), for tests/test_real_models.py and benchmarks/real_models.py.
+"""Models from the ecosystem at reduced size, randomly initialised (nothing is downloaded), for
+tests/test_real_models.py and benchmarks/real_models.py: Hugging Face transformers from tiny configs, timm
+backbones by name, ultralytics YOLO11n detection and segmentation from their yaml.
 
 Each entry builds ``(model, example inputs)`` deterministically from a seed. Text models take token ids
 and an attention mask with padding (the masked-attention path); vision and audio models a small input.
-timm and ultralytics are not here: both import torchvision, which does not import beside torch 2.13.
+timm and ultralytics import torchvision, whose native extension may not load beside the CPU torch:
+``torchvision_shim.import_torchvision`` imports its Python part first.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import os
+import socket
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from qlower.testing.torchvision_shim import import_torchvision
 
 
 class _Logits(nn.Module):
@@ -106,6 +114,70 @@ def _yolos(seed: int):
     return _Logits(YolosForObjectDetection(cfg), "logits"), _image(seed, 32)
 
 
+def _timm(name: str, size: int, **config) -> Callable[[int], tuple[nn.Module, tuple[torch.Tensor]]]:
+    """A timm model by name, random init, 10 classes, on a ``size`` x ``size`` image."""
+    def make(seed: int):
+        import_torchvision()
+        import timm
+        return timm.create_model(name, pretrained=False, num_classes=10, **config), _image(seed, size)
+    return make
+
+
+class NetworkUsed(RuntimeError):
+    """A model builder tried to reach the network (nothing may be downloaded)."""
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    """No connection and no name lookup while building: either raises NetworkUsed."""
+    def refuse(*args, **kwargs):
+        raise NetworkUsed(f"a real-model builder tried to reach the network: {args[:2]}")
+    saved = socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo, socket.create_connection
+    socket.socket.connect = socket.socket.connect_ex = socket.getaddrinfo = socket.create_connection = refuse
+    try:
+        yield
+    finally:
+        socket.socket.connect, socket.socket.connect_ex, socket.getaddrinfo, socket.create_connection = saved
+
+
+def _import_ultralytics() -> None:
+    """ultralytics offline, quiet, with its settings file in a temporary folder (set before its first import:
+    it reads them then)."""
+    os.environ.setdefault("YOLO_OFFLINE", "1")
+    os.environ.setdefault("YOLO_VERBOSE", "False")
+    os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp(prefix="qlower-ultralytics-"))
+    import_torchvision()
+    with _offline():
+        import ultralytics  # noqa: F401
+
+
+class _Tensors(nn.Module):
+    """YOLO's head in export mode returns a tensor (detect) or a tuple with a list (segment): its tensors."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        out = self.model(x)
+        return out if isinstance(out, torch.Tensor) else tuple(t for t in torch.utils._pytree.tree_leaves(out)
+                                                               if isinstance(t, torch.Tensor))
+
+
+def _yolo(kind: str, size: int) -> Callable[[int], tuple[nn.Module, tuple[torch.Tensor]]]:
+    """YOLO11n (``kind`` "" for detection, "-seg" for segmentation) from its yaml, 4 classes, in export mode
+    (the head's decoded boxes, as deployed)."""
+    def make(seed: int):
+        _import_ultralytics()
+        from ultralytics.nn.tasks import DetectionModel, SegmentationModel
+        with _offline():
+            cls = SegmentationModel if kind == "-seg" else DetectionModel
+            model = cls(f"yolo11n{kind}.yaml", nc=4, verbose=False)
+        model.model[-1].export = True  # the deployed form: one tensor of boxes and scores, no training outputs
+        return _Tensors(model), _image(seed, size)
+    return make
+
+
 @dataclass(frozen=True)
 class RealModel:
     name: str
@@ -128,4 +200,18 @@ REAL_MODELS = {m.name: m for m in (
     RealModel("bert", _bert), RealModel("distilbert", _distilbert), RealModel("mobilebert", _mobilebert),
     RealModel("vit", _vit), RealModel("segformer", _segformer), RealModel("mobilevit", _mobilevit),
     RealModel("mobilevitv2", _mobilevitv2), RealModel("wav2vec2", _wav2vec2), RealModel("yolos", _yolos),
+    RealModel("resnet18", _timm("resnet18", 32)),
+    RealModel("mobilenetv3_small", _timm("mobilenetv3_small_100", 32)),
+    RealModel("efficientnet_b0", _timm("efficientnet_b0", 32)),
+    RealModel("mobilenetv4_small", _timm("mobilenetv4_conv_small", 32)),
+    RealModel("convnext_atto", _timm("convnext_atto", 32)),
+    RealModel("vit_tiny", _timm("vit_tiny_patch16_224", 32, img_size=32, patch_size=8, depth=2)),
+    RealModel("deit_tiny", _timm("deit_tiny_patch16_224", 32, img_size=32, patch_size=8, depth=2)),
+    RealModel("mobilevit_xxs", _timm("mobilevit_xxs", 64)),
+    RealModel("edgenext_xx_small", _timm("edgenext_xx_small", 64)),
+    RealModel("regnetx_002", _timm("regnetx_002", 32)),
+    RealModel("ghostnet", _timm("ghostnet_050", 32)),
+    RealModel("repvgg_a0", _timm("repvgg_a0", 32)),
+    RealModel("fastvit_t8", _timm("fastvit_t8", 64)),
+    RealModel("yolo11n", _yolo("", 64)), RealModel("yolo11n_seg", _yolo("-seg", 64)),
 )}
