@@ -11,6 +11,7 @@ or new paths (safe_paths.py).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
@@ -304,18 +305,37 @@ def cmd_demo(args) -> int:
     return 0 if report.ok else 1
 
 
-# what PyTorch's CPU allocator and the C library say when an allocation fails (torch raises a RuntimeError)
-_OOM_TEXTS = ("can't allocate memory", "Cannot allocate memory", "out of memory")
+# PyTorch's CPU allocator fails with a plain RuntimeError (c10::Error), no type of its own: its
+# words are the last resort, matched on RuntimeErrors only
+_CPU_ALLOCATOR_TEXTS = ("DefaultCPUAllocator: can't allocate memory", "Error code 12 (Cannot allocate memory)")
+
+
+def _allocation_failed(e: BaseException) -> bool:
+    """Whether ``e`` itself says an allocation failed: by its type where it has one (MemoryError,
+    which NumPy's _ArrayMemoryError is; torch.OutOfMemoryError of the accelerator allocators; an
+    OSError of ENOMEM), else by PyTorch's CPU allocator's words on a RuntimeError."""
+    torch = sys.modules.get("torch")   # not imported: none of its errors can be here
+    if isinstance(e, MemoryError) or (torch is not None and isinstance(e, torch.OutOfMemoryError)):
+        return True
+    if isinstance(e, OSError) and e.errno == errno.ENOMEM:
+        return True
+    return type(e) is RuntimeError and any(t in str(e) for t in _CPU_ALLOCATOR_TEXTS)
 
 
 def _out_of_memory(e: BaseException) -> bool:
-    """Whether ``e`` (or an error it wraps, e.g. a capture failure) is an allocation that failed."""
+    """Whether ``e`` or an error it wraps (e.g. a capture failure raised from the allocator's) is an
+    allocation that failed."""
     seen = 0
     while e is not None and seen < 8:
-        if isinstance(e, MemoryError) or any(t in str(e) for t in _OOM_TEXTS):
+        if _allocation_failed(e):
             return True
         e, seen = e.__cause__ or e.__context__, seen + 1
     return False
+
+
+def _one_line(e: BaseException) -> str:
+    """The whole message on one line (its lines joined by "; ")."""
+    return "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
 
 
 def _first_line(e: BaseException) -> str:
@@ -417,12 +437,12 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())   # Python's flush at exit must not fail again
         return 0
     except UsageError as e:
-        say(f"qlower: {e}", file=sys.stderr)
+        say(f"qlower: {_one_line(e)}", file=sys.stderr)
         return 2
     except (MemoryError, QlowerError, RuntimeError) as e:
         if not isinstance(e, MemoryError) and not _out_of_memory(e):
-            if isinstance(e, QlowerError):
-                say(f"qlower: {type(e).__name__}: {e}", file=sys.stderr)
+            if isinstance(e, QlowerError):   # one line: a multi-line message (a verifier's list) joined
+                say(f"qlower: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
                 return 2
             raise
         say(f"qlower: out of memory ({_first_line(e) or type(e).__name__}): the model, its inputs or a program's "
@@ -433,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"qlower: text that is not valid Unicode: {e}", file=sys.stderr)
         return 2
     except (ValueError, OSError) as e:  # a bad argument (unknown target or option, missing or unreadable file)
-        say(f"qlower: {e}", file=sys.stderr)
+        say(f"qlower: {_one_line(e)}", file=sys.stderr)
         return 2
 
 
