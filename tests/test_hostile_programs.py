@@ -199,3 +199,16 @@ def test_a_loaded_program_holds_its_tensors_once(tmp_path):
 def test_a_subgraph_the_reference_cant_run_is_refused_on_every_target(target, what, message):
     with pytest.raises(InvalidProgramError, match=message):
         program_from_bytes(hostile.verifier_forgery(target, what))
+
+
+def test_a_program_target_is_known_and_that_of_its_partitions():
+    """A header flip turned 'tosa-1.0+int' into 'tosa-1>0+int' and the program loaded under that name
+    (the campaign of benchmarks/hostile_inputs.py); another real target than its partitions' too."""
+    from qlower.api import lower_graph
+    from qlower.program.fileformat import program_to_bytes
+
+    data = program_to_bytes(lower_graph(hostile.small_int8_graph(), "tosa-1.0+int"))
+    assert program_from_bytes(data).target == "tosa-1.0+int"
+    for forged, why in (("tosa-1>0+int", "not one of qlower's targets"), ("tosa-1.0+int+fp", "lowered for")):
+        with pytest.raises(InvalidProgramError, match=why):
+            program_from_bytes(hostile.edit_header(data, lambda h, t=forged: h.__setitem__("target", t)))

@@ -497,7 +497,22 @@ def _decode_program(header: Any, arrays: dict[str, np.ndarray]) -> Program:
     unused = sorted(set(arrays) - tensors.used)
     if unused:
         raise fail("tensor section", f"holds tensors {unused[:5]} that nothing refers to")
-    return Program(as_str(h["target"], "target"), host, source, partitions, decisions, _dec_meta(h["meta"]))
+    return Program(_dec_target(h["target"], partitions), host, source, partitions, decisions, _dec_meta(h["meta"]))
+
+
+def _dec_target(x: Any, partitions: list[Partition]) -> str:
+    """The program's target: one qlower knows, the one every partition was lowered for (it names the
+    program in ``explain``, reports and exports; a forged name would load and be shown)."""
+    from qlower.backends.registry import targets
+
+    target = as_str(x, "target")
+    if target not in targets():
+        raise fail("program header", f"target {target[:40]!r} is not one of qlower's targets")
+    other = next((p for p in partitions if p.target != target), None)
+    if other is not None:
+        raise fail("program header", f"target {target!r}, but partition '{other.name}' was lowered for "
+                                     f"{other.target[:40]!r}")
+    return target
 
 
 def max_program_bytes() -> int:
