@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 
 TARGETS = ("reference", "cpu", "litert", "tosa-1.0+int")
+# byte flips: every target's payloads (cpu and reference have none: header and constants only); "+trace"
+# compiles with trace=True, which adds the traced files (VGF's trace.vgf, a traced TOSA graph)
+FLIP_TARGETS = TARGETS + ("ethos-u55-128", "ethos-u85-256", "vgf", "vgf+trace", "tflm")
 RESULTS = Path(__file__).parent / "results" / "hostile_inputs.json"
 
 
@@ -37,8 +40,9 @@ def _flip_cases(flips: int):
     x = rng.integers(-128, 128, (1, 6, 6, 2)).astype(np.int8)
     graph = hostile.small_int8_graph()
     cases = []
-    for target in TARGETS:
-        data = program_to_bytes(lower_graph(graph, target))
+    for target in FLIP_TARGETS:
+        name = target.removesuffix("+trace")
+        data = program_to_bytes(lower_graph(graph, name, trace=name != target))
         body = data[hostile._HEAD.size:]
         n = int.from_bytes(body[:8], "little")
         st = json.loads(body[8:8 + n])
@@ -48,13 +52,18 @@ def _flip_cases(flips: int):
         for label, key in blobs.items():
             s, e = st[key]["data_offsets"]
             regions[f"blob {label}"] = (8 + n + s, 8 + n + e)
-        const = [k for k in st if k != "__metadata__" and k not in blobs.values()]
-        if const:
-            s = min(st[k]["data_offsets"][0] for k in const)
-            e = max(st[k]["data_offsets"][1] for k in const)
-            regions["constants"] = (8 + n + s, 8 + n + e)
-        for region, (s, e) in regions.items():
+        # constants: the host graph's are the model itself (a changed weight is another model, which
+        # only the file's checksum can tell, and a forger seals it again); a partition's are its payload's
+        host = {op["attrs"]["data"]["tensor"] for op in header["host"]["ops"] if op["kind"] == "constant"}
+        for label, keys in (("host constants", host), ("partition constants", set(st) - host - {"__metadata__"}
+                                                                              - set(blobs.values()))):
+            spans = [tuple(st[k]["data_offsets"]) for k in sorted(keys) if st[k]["data_offsets"][1] > st[k]["data_offsets"][0]]
+            if spans:
+                regions[label] = [(8 + n + a, 8 + n + b) for a, b in spans]
+        for region, span in regions.items():
+            spans = span if isinstance(span, list) else [span]
             for i in range(flips):
+                s, e = spans[int(rng.integers(0, len(spans)))]
                 at = int(rng.integers(s, e))
                 bit = int(rng.integers(0, 8))
 
@@ -62,7 +71,7 @@ def _flip_cases(flips: int):
                     b = bytearray(data[hostile._HEAD.size:])
                     b[at] ^= 1 << bit
                     return hostile.seal(bytes(b)), [x]
-                cases.append((f"flip {target} {region}", forge, data, [x], i))
+                cases.append((f"flip {target} {region}", forge, data, [x], f"{i} (byte {at}, bit {bit})"))
     return cases
 
 
@@ -108,6 +117,29 @@ def _checksum_case(tmp: Path):
     return path
 
 
+_WANT: dict = {}
+
+
+def _cli_refusal(data: bytes, inputs: list, tmp: Path) -> dict:
+    """``qlower run`` on the forged file: its exit code and how many lines it printed on stderr."""
+    import contextlib
+    import io
+
+    import numpy as np
+
+    from qlower.cli import main
+
+    path, args = tmp / "forged.qlp", []
+    path.write_bytes(data)
+    for i, x in enumerate(inputs):
+        np.save(tmp / f"in{i}.npy", x)
+        args += ["--input", str(tmp / f"in{i}.npy")]
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = main(["run", str(path), *args])
+    return {"cli_exit": code, "cli_lines": len(err.getvalue().strip().splitlines())}
+
+
 def _run_case(case, tmp: Path) -> dict:
     import numpy as np
 
@@ -117,6 +149,7 @@ def _run_case(case, tmp: Path) -> dict:
 
     group, forge, original, inputs, tag = case
     t0 = time.perf_counter()
+    data = None   # the forged file, when the case makes one (the CLI is run on it too)
     try:
         if group == "checksum":
             qlower.load(_checksum_case(tmp))
@@ -127,17 +160,22 @@ def _run_case(case, tmp: Path) -> dict:
             try:
                 prog = program_from_bytes(data)
             except QlowerError as e:
-                return {"outcome": "refused", "stage": "load", "error": type(e).__name__, "message": str(e)[-160:]}
+                return {"outcome": "refused", "stage": "load", "error": type(e).__name__, "message": str(e)[-160:],
+                        **_cli_refusal(data, inputs, tmp)}
         else:
             prog, inputs = made
         got = prog.run(*inputs)
     except QlowerError as e:
-        return {"outcome": "refused", "stage": "run", "error": type(e).__name__, "message": str(e)[-160:]}
+        cli = _cli_refusal(data, inputs, tmp) if data is not None else {}
+        return {"outcome": "refused", "stage": "run", "error": type(e).__name__, "message": str(e)[-160:], **cli}
     except Exception as e:  # noqa: BLE001 - a non-QlowerError is a finding, reported as such
         return {"outcome": "other-error", "error": type(e).__name__, "message": str(e)[-160:]}
     if original is None:
         return {"outcome": "accepted-different"}   # a forged call must never produce a result
-    want = program_from_bytes(original).run(*inputs)
+    key = (id(original), *(x.tobytes() for x in inputs))
+    if key not in _WANT:   # the unaltered program's numbers, once per program and inputs
+        _WANT[key] = program_from_bytes(original).run(*inputs)
+    want = _WANT[key]
     same = len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
     return {"outcome": "accepted-exact" if same else "accepted-different"}
 
@@ -211,18 +249,22 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = campaign(args.flips, args.timeout)
     outcomes = ("refused", "accepted-exact", "accepted-different", "other-error", "crash", "hang")
+    # the CLI on each refused file: exit 2 and one line, else counted in the last column
+    columns = outcomes + ("cli not 2/1 line",)
     table: dict[str, dict[str, int]] = {}
     for r in rows:
         group = r["group"]   # flips: one line per target and region
-        table.setdefault(group, dict.fromkeys(outcomes, 0))[r["outcome"]] += 1
+        counts = table.setdefault(group, dict.fromkeys(columns, 0))
+        counts[r["outcome"]] += 1
+        counts[columns[-1]] += "cli_exit" in r and (r["cli_exit"] != 2 or r["cli_lines"] != 1)
     width = max(len(g) for g in table) + 2
-    print(f"{'cases':<{width}}{'n':>5}" + "".join(f"{o:>20}" for o in outcomes))
-    total = dict.fromkeys(outcomes, 0)
+    print(f"{'cases':<{width}}{'n':>6}" + "".join(f"{o:>19}" for o in columns))
+    total = dict.fromkeys(columns, 0)
     for g, counts in table.items():
-        print(f"{g:<{width}}{sum(counts.values()):>5}" + "".join(f"{counts[o]:>20}" for o in outcomes))
-        for o in outcomes:
+        print(f"{g:<{width}}{sum(counts[o] for o in outcomes):>6}" + "".join(f"{counts[o]:>19}" for o in columns))
+        for o in columns:
             total[o] += counts[o]
-    print(f"{'total':<{width}}{sum(total.values()):>5}" + "".join(f"{total[o]:>20}" for o in outcomes))
+    print(f"{'total':<{width}}{sum(total[o] for o in outcomes):>6}" + "".join(f"{total[o]:>19}" for o in columns))
     print(f"{time.perf_counter() - t0:.0f} s")
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({"command": "benchmarks/hostile_inputs.py " + " ".join(sys.argv[1:]),
