@@ -8,10 +8,12 @@ compile for ``litert`` with their run-time quantization on the host; a whole-pro
 refused with the op's name, since TFLite has no builtin for run-time scales.
 """
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
 import qlower
@@ -93,13 +95,31 @@ def test_dynamic_scenario_runs_on_litert_and_refuses_a_whole_tflite(tmp_path: Pa
         prog.export(tmp_path / "s0.tflite", format="tflite")
 
 
+def _with_threads(prog, threads: int):
+    """``prog`` with its LiteRT partitions run by ``threads`` threads (the payload's setting)."""
+    parts = [dataclasses.replace(p, payload=dataclasses.replace(p.payload, meta={**p.payload.meta, "threads": threads}))
+             if p.backend == "litert" else p for p in prog.partitions]
+    return dataclasses.replace(prog, partitions=parts, _runner=None)
+
+
+FAMILIES = [("builtin", n) for n in ("mobilenet_v2", "s4_attention", "unet_tiny", "timm_vit_tiny")] + [
+    ("xnnpack", n) for n in ("mobilenet_v2", "s1_conv_relu_cat", "s4_attention")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["mobilenet_v2", "s4_attention", "unet_tiny", "timm_vit_tiny"])
-def test_builtin_kernels_are_bit_exact_too(name):
-    """LiteRT's optimized builtin kernels, with the rounding the program gets for them."""
+@pytest.mark.parametrize("kernels,name", FAMILIES)
+def test_builtin_and_xnnpack_kernels_are_bit_exact_too(kernels, name):
+    """LiteRT's optimized builtin kernels and its XNNPACK delegate (at 1 and 2 threads), with the
+    arithmetic the program gets for them. (benchmarks/litert_exactness.py measures every zoo model.)"""
     size, model, example, cfg, calibration = _get(name)
     prog = qlower.compile(model, example, target="litert", quant=cfg, calibration=calibration, progress=False,
-                          backend_options={"kernels": "builtin"})
+                          backend_options={"kernels": kernels})
     inputs = numpy_inputs(example)
-    for w, g in zip(run_graph(prog.source, inputs), prog.run(*inputs)):
-        np.testing.assert_array_equal(g, w)
+    gen = torch.Generator().manual_seed(29)
+    other = [torch.randn(x.shape, generator=gen).numpy() if x.is_floating_point() else x.numpy() for x in example]
+    for batch in (inputs, other):
+        want = run_graph(prog.source, batch)
+        for threads in ((1, 2) if kernels == "xnnpack" else (None,)):
+            run = _with_threads(prog, threads) if threads else prog
+            for w, g in zip(want, run.run(*batch)):
+                np.testing.assert_array_equal(g, w)
