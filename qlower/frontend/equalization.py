@@ -105,6 +105,8 @@ def _activation(node: Node) -> tuple[bool, float | None]:
         return False, None
     if node.target in (aten.relu.default, aten.relu_.default, aten.leaky_relu.default, aten.leaky_relu_.default):
         return True, None
+    if node.target in (aten.relu6.default, aten.relu6_.default):
+        return True, 6.0
     if node.target in (aten.hardtanh.default, aten.hardtanh_.default):
         lo, hi = _arg(node, "min_val", -1.0), _arg(node, "max_val", 1.0)
         if lo == 0 and isinstance(hi, (int, float)) and hi > 0:
@@ -262,8 +264,7 @@ def split_clamp(gm: GraphModule, pair: Pair) -> None:
         bounds = bounds - pair.absorbed
     bounds = bounds.to(torch.float32)
     widest = float(bounds.max())
-    clamp.args = (clamp.args[0], 0.0, widest, *clamp.args[3:])
-    clamp.kwargs = {k: v for k, v in clamp.kwargs.items() if k not in ("min_val", "max_val")}
+    clamp.target, clamp.args, clamp.kwargs = aten.hardtanh.default, (clamp.args[0], 0.0, widest), {}
     if torch.all(bounds == widest):
         return
     dims = clamp.meta["val"].dim() if isinstance(clamp.meta.get("val"), torch.Tensor) else 4

@@ -9,9 +9,14 @@ rounding) and narrows the activation; with
 ``max|W_j|`` over the readers' column ``j``), ``alpha`` sets how much of the difficulty moves
 to the weights (0.5 in the paper).
 
-Smoothed: each LayerNorm with an affine it alone reads whose normalised result is read only by
-linear layers with constant weights they own (a pre-norm block's qkv and first MLP layer). A
-matmul of two activations has no weight to absorb the scale and is left alone.
+Smoothed:
+- each LayerNorm with an affine it alone reads whose normalised result is read only by linear
+  layers with constant weights they own (a pre-norm block's qkv and first MLP layer);
+- each linear whose input is another linear's output, directly or through a ReLU / leaky ReLU /
+  ReLU6 (the pairs of equalization.py: the first's output channel ``j`` divided by ``s_j``, its
+  ReLU6 bound per channel, exact for the same reason).
+A matmul of two activations has no weight to absorb the scale, and a linear after GELU / SiLU
+(transformer MLPs) can't take it through the activation: both are left alone.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from qlower.frontend.constants import attribute_tensor, set_attribute_tensor
+from qlower.frontend.equalization import find_pairs, rescale, split_clamp
 
 aten = torch.ops.aten
 
@@ -65,12 +71,19 @@ class _ChannelMax(Interpreter):
         return out
 
 
+def _scales(x_max: torch.Tensor, w_max: torch.Tensor, alpha: float) -> torch.Tensor:
+    s = x_max.clamp_min(1e-12) ** alpha / w_max.clamp_min(1e-12) ** (1 - alpha)
+    return torch.where((x_max > 0) & (w_max > 0), s, torch.ones_like(s)).clamp(1e-4, 1e4)
+
+
 def smooth(gm: GraphModule, batches: list[tuple], alpha: float) -> int:
-    """Smooth, in place, every LayerNorm -> linear group described above; returns how many."""
+    """Smooth, in place, every LayerNorm -> linear group and linear -> linear pair described above;
+    returns how many."""
     found = _candidates(gm)
-    if not found or not batches:
+    pairs = find_pairs(gm, linear_only=True)
+    if not (found or pairs) or not batches:
         return 0
-    stats = _ChannelMax(gm, set(found))
+    stats = _ChannelMax(gm, set(found) | {p.second.args[0] for p in pairs})
     with torch.no_grad():
         for batch in batches:
             stats.run(*batch)
@@ -80,11 +93,19 @@ def smooth(gm: GraphModule, batches: list[tuple], alpha: float) -> int:
             continue
         w_max = torch.stack([attribute_tensor(gm, r.args[1]).detach().abs().amax(0).to(torch.float64)
                              for r in readers]).amax(0)
-        s = x_max.clamp_min(1e-12) ** alpha / w_max.clamp_min(1e-12) ** (1 - alpha)
-        s = torch.where((x_max > 0) & (w_max > 0), s, torch.ones_like(s)).clamp(1e-4, 1e4)
+        s = _scales(x_max, w_max, alpha)
         for p in norm.args[2:4]:
             set_attribute_tensor(gm, p.target, attribute_tensor(gm, p).detach().to(torch.float64) / s)
         for r in readers:
             set_attribute_tensor(gm, r.args[1].target, attribute_tensor(gm, r.args[1]).detach().to(torch.float64) * s)
+    for pair in pairs:
+        x_max = stats.amax.get(pair.second.args[0])
+        if x_max is None:
+            continue
+        w_max = attribute_tensor(gm, pair.second.args[1]).detach().abs().amax(0).to(torch.float64)
+        rescale(gm, pair, _scales(x_max, w_max, alpha))
+        if pair.clamp_top is not None:
+            split_clamp(gm, pair)
+    gm.graph.lint()
     gm.recompile()
-    return len(found)
+    return len(found) + len(pairs)
