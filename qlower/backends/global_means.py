@@ -3,7 +3,7 @@
 The frontend writes a mean over H and W of int8 codes as a rescale to int16 (zero point removed,
 x128), an unpadded ``avg_pool2d`` whose window is the whole plane, and a rescale to the output.
 Backends that have a form of their own for it recognise it here: Ethos-U chooses between the
-pool and a sum (``ethosu/means.py``), LiteRT's XNNPACK payloads write one MEAN (``litert/export.py``).
+pool and a sum (``ethosu/means.py``), TFLM writes one MEAN (``tflm/mean.py``).
 """
 
 from __future__ import annotations
