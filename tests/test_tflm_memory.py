@@ -1,6 +1,6 @@
 """What the tflm target does for the arena: an int8 program interface (option io=int8) and global averages
-summed in int16 (in parts of rows where a whole copy would set the peak), each bit-exact on TFLM's
-interpreter with the reference."""
+as one TFLM MEAN (tests/test_tflm_mean.py: the int16 sums of the planes too large for it), each bit-exact
+on TFLM's interpreter with the reference."""
 
 import numpy as np
 import pytest
@@ -9,7 +9,6 @@ import torch
 
 import qlower
 from qlower.backends.tflm import runner
-from qlower.backends.tflm.backend import MODEL_BLOB
 from qlower.errors import ConfigError
 from qlower.reference import run_graph
 
@@ -55,15 +54,15 @@ def _io(model: bytes) -> tuple[list[int], list[int]]:
 
 
 @pytest.mark.parametrize("size", [16, 12])
-def test_a_global_mean_sums_its_plane_in_int16_bit_exact(size):
-    """16x16 ReLU'd codes: the raw sums reach -128 * 256 = -2**15, int16's least; no float32 copy."""
+def test_a_global_mean_is_one_tflm_mean_bit_exact(size):
+    """16x16 ReLU'd codes: the sums reach -128 * 256; the program's mean rounds as TFLM's MEAN (tflm.mean) and
+    the file holds one MEAN, no copy of the plane and no lookup table."""
     prog = _compile(size)
     assert prog.graph.count_ops() == {"delegate": 1}, prog.explain()
+    assert "tflm.mean" in [r.name for r in prog.rewrites]
     (part,) = prog.partitions
-    model = part.payload.blobs[MODEL_BLOB]
-    names = {n: d for n, d, _ in _tensors(model)}
-    assert any(n.endswith("/sums") and d == "int16" for n, d in names.items()), names
-    assert part.payload.meta["tflite_ops"].get("DEPTHWISE_CONV_2D") is None
+    ops = part.payload.meta["tflite_ops"]
+    assert ops.get("MEAN") == 1 and "SUM" not in ops and "GATHER" not in ops, ops
     rng = np.random.default_rng(size)
     for scale in (0.5, 3, 1000):   # 1000: every code at an end, the sums at their bounds
         x = (rng.normal(size=(1, 3, size, size)) * scale).astype(np.float32)
@@ -75,9 +74,9 @@ def test_a_global_mean_sums_its_plane_in_int16_bit_exact(size):
 
 
 @pytest.mark.slow
-def test_ds_cnn_kws_sums_its_average_in_halves_no_wider_than_its_peak():
-    """ds_cnn_kws: an int16 copy of the whole 25x5x64 plane beside it (24,000 B) would set the arena's peak
-    above the convolutions' 16,000 B; two halves of its rows, summed one after the other, keep it there."""
+def test_ds_cnn_kws_averages_with_one_mean_no_wider_than_its_peak():
+    """ds_cnn_kws: its 25x5x64 average is one MEAN (no int16 copy of the plane, no lookup table), so the arena is
+    the convolutions' 16,000 B plus the tail."""
     from qlower import zoo
 
     model, example, cfg, calibration = zoo.get("ds_cnn_kws")
@@ -85,7 +84,7 @@ def test_ds_cnn_kws_sums_its_average_in_halves_no_wider_than_its_peak():
                           backend_options={"io": "int8"})
     (part,) = prog.partitions
     ops = part.payload.meta["tflite_ops"]
-    assert ops["SPLIT_V"] == 1 and ops["SUM"] == 3, ops   # two halves' sums, then their sum
+    assert ops.get("MEAN") == 1 and "SUM" not in ops and "SPLIT_V" not in ops, ops
     # 16,000 B of activations plus the tail (tensors, nodes, kernels' data): the float32 form needed 40,000 + tail
     assert part.payload.meta["arena_bytes"] < 16_000 + 10_000
     rng = np.random.default_rng(4)

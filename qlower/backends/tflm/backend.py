@@ -1,8 +1,8 @@
 """The ``tflm`` target: the supported graph as one .tflite that TensorFlow Lite Micro runs, bit-exact.
 
 Before partitioning, its declared ``rewrites`` give every int8 ADD TFLite
-ADD's form and every rescale fused into a TFLM kernel that kernel's rounding
-(``rounding.py``), so the program means what TFLM computes. ``supports`` says yes to the ops the TFLM exporter writes with
+ADD's form, every rescale fused into a TFLM kernel that kernel's rounding
+(``rounding.py``) and every global mean TFLM's MEAN's (``mean.py``), so the program means what TFLM computes. ``supports`` says yes to the ops the TFLM exporter writes with
 TFLM's kernels only (``export.py``, ``kernels.py``); the rest stay on the host
 with the exporter's reason. A payload records what the device must hold: the
 smallest tensor arena TFLM's interpreter allocates the model in (found by the
@@ -24,6 +24,7 @@ from qlower.backends.litert.verify import builtin_counts, verify_tflite
 from qlower.backends.tflm import runner
 from qlower.backends.tflm.export import export_tflm
 from qlower.backends.tflm.interface import Io, boundary_reasons, int8_interface
+from qlower.backends.tflm.mean import TflmMean
 from qlower.backends.tflm.rounding import TflmKernelRounding
 from qlower.backends.tflm.settle import settled_reasons
 from qlower.contract import Backend, CostReport, Exporter, Payload, Verdict, check_payload_inputs
@@ -81,8 +82,9 @@ class TflmBackend(Backend):
         self._reasons: dict[int, str] = {}
 
     def rewrites(self, target: str) -> tuple[Rewrite, ...]:
-        """Residual adds in TFLite ADD's form, fused requantization with TFLM's kernels' rounding."""
-        return (TfliteAdd(), TflmKernelRounding())
+        """Residual adds in TFLite ADD's form, fused requantization with TFLM's kernels' rounding, global
+        means with TFLM's MEAN's."""
+        return (TfliteAdd(), TflmKernelRounding(), TflmMean())
 
     def prepare(self, graph: Graph) -> None:
         self._reasons = settled_reasons(graph, boundary_reasons(graph) if self.io == "int8" else {})

@@ -14,7 +14,9 @@ Where LiteRT's exact form needs what TFLM lacks, another exact form replaces it:
 - an integer sum whose partial sums stay below 2**24 is a float32 SUM (TFLM has no int32 one);
 - ARG_MAX / ARG_MIN read int8 codes as they are (TFLM has no int32 kernel);
 - the frontend's global average (widen x k, pool, rescale: ``global_means``) is
-  one lookup by the sum of the centered int8 codes, when the widening is linear.
+  one MEAN where TFLM's MEAN computes the graph's result on every sum (``mean.py``'s
+  rewrite makes it so), else one lookup by the sum of the centered int8 codes,
+  when the widening is linear.
 
 What is left needs 64-bit integer arithmetic (the requantization of a wide
 int32 range outside a fused GEMM) or a kernel TFLM lacks; such an op is
@@ -36,6 +38,7 @@ from qlower.backends.litert.export import GEMMS, _Export, _tfl_dtype
 from qlower.backends.litert.flatbuffer import Quant
 from qlower.backends.tflm.kernels import MAX_INPUTS, first_refusal
 from qlower.backends.tflm.lookup import FLOAT_EXACT, WIDE_TABLE, lookup
+from qlower.backends.tflm.mean import SummedMean, final_codes, plane_sums, pooled_codes, summed_means, tflm_form
 from qlower.errors import UnsupportedOpError
 from qlower.ir import DType, Graph, Op, requant
 from qlower.reference.pooling import pool_counts, reciprocal_scale
@@ -46,12 +49,23 @@ class TflmExport(_Export):
 
     def __init__(self, graph: Graph, description: str):
         super().__init__(graph, description)
-        self.composed: dict[int, tuple[GlobalMean, np.ndarray, int]] = {}
-        for mean in global_means(graph):
-            found = _mean_table(self, mean)
+        # id(final) -> (the mean, its lookup by the least sum on, or None: one MEAN)
+        self.composed: dict[int, tuple[GlobalMean | SummedMean, np.ndarray | None, int]] = {}
+        for mean, form in [*((m, _mean_form) for m in global_means(graph)),
+                           *((m, _summed_form) for m in summed_means(graph))]:
+            found = form(self, mean)
             if found is not None:
                 self.composed[id(mean.final)] = (mean, *found)
-        self.skipped |= {id(o) for m, _, _ in self.composed.values() for o in (m.widen, m.pool)}
+        self.skipped |= {id(o) for m, _, _ in self.composed.values() for o in _inner(m)}
+        # id(final) -> the reshape dropping H and W after a MEAN: the MEAN writes its result (no keep_dims)
+        self.squeezed: dict[int, Op] = {}
+        for m, table, _ in self.composed.values():
+            readers = self.users.get(m.final.result, [])
+            n, _, _, c = m.final.result.shape
+            if table is None and len(readers) == 1 and readers[0].kind == "reshape" \
+                    and readers[0].result.shape == (n, c) and m.final.result not in self.outputs:
+                self.squeezed[id(m.final)] = readers[0]
+                self.skipped.add(id(readers[0]))
         self.peak_floor = _peak_floor(self)
 
     def fused_gemm(self, rescale: Op) -> Op | None:
@@ -60,7 +74,7 @@ class TflmExport(_Export):
 
     def emit(self, op: Op) -> None:
         start = len(self.b.writer.operators)
-        own = _OWN.get(op.kind)
+        own = _mean_of if id(op) in self.composed else _OWN.get(op.kind)
         if own is None or not own(self, op):
             super().emit(op)
         reason = first_refusal(self.b.writer, start)
@@ -85,9 +99,6 @@ def _peak_floor(ex: TflmExport) -> int:
 # -- rescales and tables ---------------------------------------------------------------------------
 
 def _rescale(ex: TflmExport, op: Op) -> bool:
-    if id(op) in ex.composed:
-        _mean(ex, *ex.composed[id(op)])
-        return True
     if ex.fused_gemm(op) is not None or id(op) in ex.adds:
         return False   # LiteRT's fused CONV_2D / FULLY_CONNECTED / ADD, TFLM's too
     x = op.operands[0]
@@ -278,43 +289,59 @@ def _avg_pool(ex: TflmExport, op: Op) -> bool:
     return True
 
 
-def _mean_table(ex: TflmExport, mean: GlobalMean) -> tuple[np.ndarray, int] | None:
-    """The global average's result as a function of the sum of its centered int8 codes, and the least sum;
-    None unless the widening is linear (no clamp) and the sums span at most 2**16 integers."""
-    x, widen = mean.widen.operands[0], mean.widen
-    xq, wq = x.type.quant, widen.attrs["out"]
-    lo, hi = ex.ranges.of(x)
-    codes = np.arange(lo, hi + 1, dtype=np.int64)
-    try:
-        wide = requant.rescale(codes, xq.zero_point[0], wq.zero_point[0],
-                               requant.requantize_ratio(xq.scale[0], wq.scale[0]), wq.qmin, wq.qmax,
-                               rounding=widen.attrs["rounding"])
-    except requant.RequantRangeError:
-        return None
-    k = int(wide[1] - wide[0]) if wide.size > 1 else 0
-    if k <= 0 or not np.array_equal(wide, k * (codes - xq.zero_point[0]) + wq.zero_point[0]):
-        return None
+def _mean_form(ex: TflmExport, mean: GlobalMean) -> tuple[np.ndarray | None, int] | None:
+    """How the frontend's global average is written: (None, 0) for one MEAN where TFLM's MEAN gives the graph's
+    own result on every sum the proven codes make, else (its result as a function of the sum of its centered
+    int8 codes, the least sum) for a lookup; None unless the widening is linear and the sums span at most
+    ``WIDE_TABLE`` integers."""
+    x = mean.widen.operands[0]
     taps = int(np.prod(mean.pool.attrs["kernel"]))
-    s_lo, s_hi = _sum_range(ex, x, taps)
-    if s_hi - s_lo + 1 > WIDE_TABLE or max(abs(s_lo), abs(s_hi)) * k >= 2**31 \
-            or max(abs(s_lo), abs(s_hi)) >= FLOAT_EXACT:
+    sums = plane_sums(x.type, taps, *ex.ranges.of(x))
+    pooled = pooled_codes(mean, sums)
+    if pooled is None:
         return None
-    # the reference's own steps: the pool of k * (x - zp) (its input's zero point removed), then the rescale
-    sums = np.arange(s_lo, s_hi + 1, dtype=np.int64) * k
-    m = reciprocal_scale(np.asarray([taps]))
-    pool_t = mean.pool.result.type
-    pooled = np.clip(requant.apply_scale_32(sums, m.multiplier[0], m.shift[0]) + wq.zero_point[0],
-                     pool_t.dtype.min, pool_t.dtype.max)
-    fq, out = pool_t.quant, mean.final.attrs["out"]
-    table = requant.rescale(pooled, fq.zero_point[0], out.zero_point[0],
-                            requant.requantize_ratio(fq.scale[0], out.scale[0]), out.qmin, out.qmax,
-                            rounding=mean.final.attrs["rounding"])
-    return table, s_lo
+    results = final_codes(mean, pooled)
+    if np.array_equal(tflm_form(x.type, mean.final.result.type, taps, sums), results):
+        return None, 0
+    reach = max(abs(int(sums[0])), abs(int(sums[-1])))
+    if sums.size > WIDE_TABLE or reach >= FLOAT_EXACT:
+        return None
+    return results, int(sums[0])
 
 
-def _mean(ex: TflmExport, mean: GlobalMean, table: np.ndarray, s_lo: int) -> None:
+def _summed_form(ex: TflmExport, mean: SummedMean) -> tuple[None, int] | None:
+    """(None, 0): one MEAN, where ``TflmMean``'s table is TFLM's MEAN on every sum the proven codes make; else
+    None (its ops are written one by one: a float32 SUM and a GATHER)."""
+    x, table = mean.widen.operands[0], mean.final.attrs["table"]
+    sums = plane_sums(x.type, mean.taps, *ex.ranges.of(x))
+    index = sums + mean.final.attrs["offset"]
+    if index[0] < 0 or index[-1] >= table.size:
+        return None
+    native = tflm_form(x.type, mean.final.result.type, mean.taps, sums)
+    return (None, 0) if np.array_equal(native, table[index]) else None
+
+
+def _inner(mean: GlobalMean | SummedMean) -> tuple[Op, ...]:
+    """The ops of a mean its last op writes with it."""
+    return (mean.widen, mean.pool) if isinstance(mean, GlobalMean) else (mean.widen, mean.rows, mean.cols)
+
+
+def _mean_of(ex: TflmExport, op: Op) -> bool:
+    _mean(ex, *ex.composed[id(op)])
+    return True
+
+
+def _mean(ex: TflmExport, mean: GlobalMean | SummedMean, table: np.ndarray | None, s_lo: int) -> None:
     x = mean.widen.operands[0]
     zp, name = x.type.quant.zero_point[0], mean.final.result.name
+    if table is None:   # TFLM's MEAN over axes 1 and 2, keeping them: the kernel tflm/mean.py models
+        axes = ex.b.const(f"{name}/axes", np.asarray([1, 2], np.int32), "int32")
+        squeeze = ex.squeezed.get(id(mean.final))
+        if squeeze is None:
+            ex.result(mean.final, B.MEAN, [ex.value(x), axes], options("ReducerOptions", KeepDims=True))
+        else:   # (TFLM's int8 MEAN computes alike either way; a tensor and an operator fewer in the arena)
+            ex.result(squeeze, B.MEAN, [ex.value(x), axes], options("ReducerOptions", KeepDims=False))
+        return
     index = _plane_index(ex, x, s_lo + int(np.prod(mean.pool.attrs["kernel"])) * zp, name)
     if index is not None:
         lookup(ex, mean.final, table, index[1], index=index[0])
@@ -410,7 +437,9 @@ def op_reasons(graph: Graph) -> dict[int, str]:
     for g in ex.adds.values():
         writers[id(g.out)] = list(g.members)
     for m, _, _ in ex.composed.values():
-        writers[id(m.final)] = [m.widen, m.pool]
+        writers[id(m.final)] = list(_inner(m))
+    for final, reshape in ex.squeezed.items():
+        writers[final].append(reshape)
     reasons: dict[int, str] = {}
     for op in graph.ops:
         if op.kind == "constant" or id(op) in ex.skipped:

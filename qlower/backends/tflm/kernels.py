@@ -35,6 +35,8 @@ ACCEPTED: dict[int, frozenset[str]] = {
     # (an integer sum is exact in float32 below 2**24; int16: requantized by the ratio of its tensors' scales,
     # exact at scale 1 -- the only int16 SUM accepted, see first_refusal: export.py's plane sums)
     B.SUM: frozenset({"float32", "int16"}),
+    # (int8 over axes 1 and 2 of a 4-D tensor, keeping them: the special case whose rounding tflm/mean.py models)
+    B.MEAN: frozenset({"int8"}),
     B.LOGICAL_AND: frozenset({"bool"}), B.LOGICAL_OR: frozenset({"bool"}), B.LOGICAL_NOT: frozenset({"bool"}),
     B.TRANSPOSE: frozenset({"int8", "int16", "float32"}),
     B.PADV2: _ANY, B.RESHAPE: _ANY, B.CONCATENATION: _ANY, B.STRIDED_SLICE: _ANY, B.SPLIT_V: _ANY,
