@@ -40,6 +40,13 @@ HERE = Path(__file__).resolve().parent
 VENV = HERE / "results" / "litert-torch-venv"
 LITERT_TORCH, TORCH = "litert-torch==0.10.0", "torch==2.13.0"
 MODELS = ["tiny_cnn", "digits_cnn", "ds_cnn_kws", "mobilenet_v2", "resnet18"]
+# what an Ethos-U row's arena is, and why the whole .tflite's TFLM arena is not beside it
+WHOLE_FILE = ("Ethos-U rows: 'arena' is Vela's scratch for the NPU partitions (taken from TFLM's arena on the device), "
+              "not the TFLM arena of the whole .tflite (ethos-u custom operators plus the host part): the tflite-micro "
+              "wheel registers custom operators only through native registerer functions it looks up by name (dlsym), "
+              "which must call MicroMutableOpResolver::AddCustom, an inline template it doesn't export, so they must be "
+              "compiled against TFLM's headers at the wheel's own commit (not shipped); without one it refuses the "
+              "CUSTOM operator at load. Measure that arena on the device or Arm's FVP.")
 TARGETS = ["tflm", "tflm/io=int8", "ethos-u55-128", "ethos-u85-256"]
 
 
@@ -152,8 +159,11 @@ def main() -> None:
             print(f"| {name} | {target} | {row['partitions']} | {row['host_ops']} | {_n(row.get('arena'))} | "
                   f"{_n(row.get('flash'))} | {_n(row.get('sram'))} | "
                   f"{_n(lt.get('arena')) if target.startswith('tflm') else ''} | {versus} |", flush=True)
+    if any(t.startswith("ethos-u") for t in args.targets):
+        print(f"\n{WHOLE_FILE}")
     args.json.parent.mkdir(exist_ok=True)
     args.json.write_text(json.dumps({"size": args.size, "litert_torch": litert_note or LITERT_TORCH,
+                                     "ethos_u_arena": WHOLE_FILE,
                                      "load": os.getloadavg(), "rows": rows}, indent=1))
 
 
