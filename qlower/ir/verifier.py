@@ -259,6 +259,11 @@ def _gemm(op: Op, consts: Consts) -> Iterator[str]:
         yield problem
     if op.kind != "matmul":
         yield from _accumulator_fits(op, consts)
+    elif a.quant is not None and b.quant is not None and k * span(a) * span(b) > INT32.max:
+        # no constant operand to bound the sum by: the codes' ranges do (the reference refuses such a sum
+        # at run time, an int32 kernel such as TFLite's BATCH_MATMUL wraps it)
+        yield (f"its sum of {k:,} products of codes up to {span(a):,} x {span(b):,} can reach "
+               f"{k * span(a) * span(b):,}, beyond the int32 accumulator")
 
 
 def _conv2d(op: Op, consts: Consts) -> Iterator[str]:

@@ -198,7 +198,7 @@ def matmul(ctx: ImportContext, node, input: Ref, other: Ref | None = None, mat2:
     a, b = input, other if other is not None else mat2
     out_shape = tuple(int(d) for d in node.meta["val"].shape)
     if a.scale is not None or b.scale is not None:
-        if _dynamic_pair(a, b):
+        if _dynamic_pair(a, b) and not _sums_overflow(a, b, a.torch_shape[-1]):
             return _dynamic_matmul(ctx, a, b)
         # dynamic codes of other shapes: the dequantized operands in a float matmul (fake-quant's meaning)
         a = Ref.of(ctx.as_float(a), a.perm) if a.scale is not None else a
@@ -219,15 +219,20 @@ def matmul(ctx: ImportContext, node, input: Ref, other: Ref | None = None, mat2:
         batch = tuple(torch.broadcast_shapes(sa[:-2], sb[:-2]))
         va = place(_broadcast_batch(ctx, a, batch), layout.identity(len(batch) + 2))
         vb = place(_broadcast_batch(ctx, b, batch), layout.identity(len(batch) + 2))
-    if quantized and DType.INT16 in (a.spec.dtype, b.spec.dtype) and \
-            sa[-1] * _span(a.spec) * _span(b.spec) > DType.INT32.max:
-        raise ctx.unsupported(f"int16 operands: {sa[-1]} products of codes up to {_span(a.spec)} x {_span(b.spec)} "
-                              "can exceed the int32 accumulator")
+    if quantized and _sums_overflow(a, b, sa[-1]):
+        raise ctx.unsupported(f"{a.spec.dtype.value} x {b.spec.dtype.value} operands: {sa[-1]} products of codes "
+                              f"up to {_span(a.spec)} x {_span(b.spec)} can exceed the int32 accumulator")
     acc = ctx.emit("matmul", va, vb, perm=layout.identity(va.type.rank))
     result = ctx.requant(acc, layout.identity(acc.type.rank)) if quantized else Ref.of(acc, layout.identity(acc.type.rank))
     if result.torch_shape != out_shape:
         result = reshape_to(ctx, result, out_shape)
     return result
+
+
+def _sums_overflow(a: Ref, b: Ref, k: int) -> bool:
+    """Whether k products of the operands' codes can sum beyond int32 (the IR verifier's bound for a
+    matmul: no constant operand bounds it, so the codes' ranges do)."""
+    return k * _span(a.spec) * _span(b.spec) > DType.INT32.max
 
 
 def _broadcast_batch(ctx: ImportContext, x: Ref, batch: tuple[int, ...]) -> Ref:
