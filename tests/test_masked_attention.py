@@ -113,8 +113,8 @@ def test_within_a_step_of_fake_quant(forms):
 
 @pytest.mark.slow
 def test_bert_padding_mask_close_to_float_and_exact_on_targets():
-    """BERT-tiny (qlower/testing/real_models.py) with two padding tokens: layer 0's attention and the
-    logits near float, no host op but the embedding's run-time gather, bit-exact on tosa and litert."""
+    """BERT-tiny (qlower/testing/real_models.py) with two padding tokens: layer 0's attention near float,
+    within a step of fake-quant, no host fallback, bit-exact with its reference on tosa and litert."""
     entry = REAL_MODELS["bert"]
     bert, example = entry.build()
 
@@ -122,9 +122,11 @@ def test_bert_padding_mask_close_to_float_and_exact_on_targets():
         def __init__(self, model):
             super().__init__()
             self.model = model.model
-            with torch.no_grad():  # peaked attention (random init gives almost uniform rows)
+            g = torch.Generator().manual_seed(1)
+            with torch.no_grad():  # peaked attention (BERT's initialisation, std 0.02, gives uniform rows)
                 for layer in self.model.bert.encoder.layer:
-                    layer.attention.self.query.weight.mul_(8.0)
+                    for w in (layer.attention.self.query.weight, layer.attention.self.key.weight):
+                        w.copy_(torch.randn(w.shape, generator=g) * 0.4)
 
         def forward(self, ids, mask):
             out = self.model.bert(ids, mask, output_attentions=True)
@@ -139,11 +141,44 @@ def test_bert_padding_mask_close_to_float_and_exact_on_targets():
     got = compiled.run(*inputs)
     kept = np.broadcast_to(inputs[1].numpy()[:, None, None, :] == 1, want[0].shape)
     assert (got[0][~kept] == 0).all()
-    assert np.abs(want[0] - _uniform_over(kept)).max() > 0.2   # the rows are peaked: uniform would fail
-    assert np.abs(got[0] - want[0]).max() <= TOLERANCE, np.abs(got[0] - want[0]).max()
-    assert np.abs(got[1] - want[1]).max() <= 0.1 * np.abs(want[1]).max() + 1e-3
+    # Against float the scores carry every upstream int8 rounding (embeddings, LayerNorms, q and k: in
+    # this random model the hidden state is off by up to ~20% of its range), far more than their own
+    # step (~0.03): a bound per element would be loose. What separates a mask from a quantized fill is
+    # the whole attention: the program's mean error must be a small fraction (1/10) of what a uniform
+    # attention over the kept tokens is off by, and no element off by as much as uniform's typical miss.
+    miss = np.abs(got[0] - want[0])
+    uniform_miss = np.abs(_uniform_over(kept) - want[0])
+    assert uniform_miss.max() > 0.3   # peaked rows
+    assert miss.mean() <= 0.1 * uniform_miss.mean() and miss.max() <= 0.2, (miss.mean(), miss.max())
+    cmp = fake_quant_agreement(compiled.frontend, [inputs])
+    assert cmp.layers.total > 0 and cmp.layers.max_step <= 1, cmp   # the program computes the quantized model
     for target in ("tosa-1.0+int", "litert"):
         prog = lower_graph(compiled.source, target)
         expected = run_graph(program_meaning(compiled.source, target), [t.numpy() for t in inputs])
         for g, w in zip(prog.run(*inputs), expected):
             np.testing.assert_array_equal(g, w, err_msg=target)
+
+
+class MaskPlumbing(nn.Module):
+    """What Hugging Face's mask code does before the fill: an int64 mask cast to bool, advanced indexing
+    by several constant index tensors (a run of positions: a reshape; scattered ones: a gather)."""
+
+    def forward(self, x, ids_mask):
+        keep = ids_mask.to(torch.bool)
+        run = keep[torch.zeros(1, 1, 1, dtype=torch.long), torch.arange(6).view(1, 1, 6)]
+        rows, cols = torch.tensor([[0], [2]]), torch.tensor([[3, 0, 5, 1]])
+        return run, x[rows, cols] * 2.0
+
+
+def test_mask_cast_and_constant_indices_are_integer():
+    x = torch.randn(3, 6, generator=torch.Generator().manual_seed(3))
+    ids_mask = torch.tensor([[1, 1, 0, 7, -2, 0]])
+    model = MaskPlumbing().eval()
+    compiled = qlower.compile(model, (x, ids_mask), target="reference", calibration=[(x, ids_mask)],
+                              progress=False)
+    assert "aten" not in compiled.source.count_ops(), compiled.source.count_ops()
+    want = [o.numpy() for o in model(x, ids_mask)]
+    run, picked = compiled.run(x, ids_mask)
+    np.testing.assert_array_equal(run, want[0])     # bools: exact (nonzero ints are True, -2 too)
+    step = 2.0 * (x.max() - x.min()).item() / 255
+    assert np.abs(picked - want[1]).max() <= 1.01 * step

@@ -137,24 +137,27 @@ def _bool_keep(c: object, negate: bool) -> Keep | None:
     return Keep(c, negate) if isinstance(c, Node) and _dtype(c) == torch.bool else None
 
 
+def _filled(n: Node) -> tuple[object, Keep] | None:
+    """``where(c, x, fill)``, ``where(c, fill, x)``, ``x.masked_fill(c, fill)``: (x, where x is kept)."""
+    args = n.args
+    if n.target == aten.where.self and len(args) == 3:
+        c, a, b = args
+        found = (a, _bool_keep(c, False)) if is_fill(b) else (b, _bool_keep(c, True)) if is_fill(a) else None
+    elif _packet(n) is aten.masked_fill and len(args) == 3 and is_fill(args[2]):
+        found = (args[0], _bool_keep(args[1], True))
+    else:
+        return None
+    return found if found is not None and found[1] is not None else None
+
+
 def mask_term(n: object) -> Masked | None:
     """``n`` as a mask term (module doc), or None."""
     p = _packet(n)
     if p is None:
         return None
-    args = n.args
-    if n.target == aten.where.self and len(args) == 3:
-        c, a, b = args
-        if scalar(a) == 0 and is_fill(b):
-            keep = _bool_keep(c, False)
-        elif is_fill(a) and scalar(b) == 0:
-            keep = _bool_keep(c, True)
-        else:
-            return None
-        return None if keep is None else Masked(None, (keep,), chain=(n,))
-    if p is aten.masked_fill and len(args) == 3 and scalar(args[0]) == 0 and is_fill(args[2]):
-        keep = _bool_keep(args[1], True)
-        return None if keep is None else Masked(None, (keep,), chain=(n,))
+    args, filled = n.args, _filled(n)
+    if filled is not None:
+        return Masked(None, (filled[1],), chain=(n,)) if scalar(filled[0]) == 0 else None
     if p in (aten.mul, aten.div) and len(args) == 2:
         for t, k in ((args[0], args[1]), (args[1], args[0]) if p is aten.mul else (None, None)):
             if not isinstance(t, Node):
@@ -188,17 +191,10 @@ def masked_scores(n: object) -> Masked | None:
     p = _packet(n)
     if p is None:
         return None
-    args = n.args
-    if n.target == aten.where.self and len(args) == 3:
-        c, a, b = args
-        found = (a, _bool_keep(c, False)) if is_fill(b) else (b, _bool_keep(c, True)) if is_fill(a) else None
-        if found is not None and found[1] is not None and isinstance(found[0], Node) and scalar(found[0]) is None:
-            return Masked(found[0], (found[1],), chain=(n,))
-        return None
-    if p is aten.masked_fill and len(args) == 3 and is_fill(args[2]) and isinstance(args[0], Node) \
-            and scalar(args[0]) is None:
-        keep = _bool_keep(args[1], True)
-        return None if keep is None else Masked(args[0], (keep,), chain=(n,))
+    args, filled = n.args, _filled(n)
+    if filled is not None:
+        x, keep = filled
+        return Masked(x, (keep,), chain=(n,)) if isinstance(x, Node) and scalar(x) is None else None
     if p is aten.add and len(args) == 2 and n.kwargs.get("alpha", 1) == 1:
         for x, m in ((args[0], args[1]), (args[1], args[0])):
             term = mask_term(m)

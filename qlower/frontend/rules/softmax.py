@@ -104,6 +104,8 @@ def _kept(ctx: ImportContext, keep: Keep, perm) -> Value | None:
             r = Ref.of(ctx.emit("logical_not", r.value, perm=r.perm), r.perm)
         return _bool_in(ctx, r, perm)
     a, b = keep.a, keep.b  # kept where a·m + b <= 0 (m integer)
+    if _is_bool(r):  # masks.py reduced the other bool cases to a bool keep: the same for 0 and 1
+        a = 0.0
     if a == 0:
         if b <= 0:
             return None
