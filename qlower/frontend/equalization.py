@@ -196,21 +196,33 @@ def equalize(gm: GraphModule, batches: list[tuple] | None = None, absorb_bias: b
     return len(changed)
 
 
-class _ChannelMin(Interpreter):
-    """The least value of each channel of the watched layers' outputs over the batches run."""
-
-    def __init__(self, gm: GraphModule, watched: set[Node]) -> None:
+class _ChannelReduce(Interpreter):
+    def __init__(self, gm: GraphModule, axes: dict[Node, int], least: bool, magnitude: bool) -> None:
         super().__init__(gm)
-        self.watched = watched
-        self.least: dict[Node, torch.Tensor] = {}
+        self.axes, self.least, self.magnitude = axes, least, magnitude
+        self.found: dict[Node, torch.Tensor] = {}
 
     def run_node(self, n: Node):
         out = super().run_node(n)
-        if n in self.watched:
-            axis = out.dim() - 1 if n.target is LINEAR else 1
-            m = out.detach().movedim(axis, 0).reshape(out.shape[axis], -1).amin(1).to(torch.float64)
-            self.least[n] = torch.minimum(self.least[n], m) if n in self.least else m
+        if n in self.axes:
+            axis = self.axes[n] % out.dim()
+            x = out.detach().abs() if self.magnitude else out.detach()
+            x = x.movedim(axis, 0).reshape(out.shape[axis], -1).to(torch.float64)
+            m = x.amin(1) if self.least else x.amax(1)
+            old = self.found.get(n)
+            self.found[n] = m if old is None else (torch.minimum if self.least else torch.maximum)(old, m)
         return out
+
+
+def channel_extremes(gm: GraphModule, axes: dict[Node, int], batches: list[tuple], least: bool = False,
+                     magnitude: bool = False) -> dict[Node, torch.Tensor]:
+    """Per node of ``axes``, per channel of its axis: the least (or largest) value, of ``|x|`` when
+    ``magnitude``, over every calibration batch run through the float graph."""
+    stats = _ChannelReduce(gm, axes, least, magnitude)
+    with torch.no_grad():
+        for batch in batches:
+            stats.run(*batch)
+    return stats.found
 
 
 def _absorbable(pair: Pair) -> bool:
@@ -230,13 +242,11 @@ def _absorb_high_biases(gm: GraphModule, pairs: list[Pair], batches: list[tuple]
     candidates = [p for p in pairs if _absorbable(p)]
     if not candidates:
         return
-    stats = _ChannelMin(gm, {p.first for p in candidates})
-    with torch.no_grad():
-        for batch in batches:
-            stats.run(*batch)
+    least_seen = channel_extremes(gm, {p.first: -1 if p.first.target is LINEAR else 1 for p in candidates}, batches,
+                                  least=True)
     attr_uses = Counter(n.target for n in gm.graph.nodes if n.op == "get_attr")
     for pair in candidates:
-        least = stats.least.get(pair.first)
+        least = least_seen.get(pair.first)
         if least is None:
             continue
         c = least.clamp_min(0)

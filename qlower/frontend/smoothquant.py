@@ -25,10 +25,10 @@ import operator
 from collections import Counter
 
 import torch
-from torch.fx import GraphModule, Interpreter, Node
+from torch.fx import GraphModule, Node
 
 from qlower.frontend.constants import attribute_tensor, set_attribute_tensor
-from qlower.frontend.equalization import find_pairs, rescale, split_clamp
+from qlower.frontend.equalization import channel_extremes, find_pairs, rescale, split_clamp
 
 aten = torch.ops.aten
 
@@ -57,20 +57,6 @@ def _candidates(gm: GraphModule) -> dict[Node, tuple[Node, list[Node]]]:
     return found
 
 
-class _ChannelMax(Interpreter):
-    def __init__(self, gm: GraphModule, watched: set[Node]) -> None:
-        super().__init__(gm)
-        self.watched = watched
-        self.amax: dict[Node, torch.Tensor] = {}
-
-    def run_node(self, n: Node):
-        out = super().run_node(n)
-        if n in self.watched:
-            m = out.detach().abs().reshape(-1, out.shape[-1]).amax(0).to(torch.float64)
-            self.amax[n] = torch.maximum(self.amax[n], m) if n in self.amax else m
-        return out
-
-
 def _scales(x_max: torch.Tensor, w_max: torch.Tensor, alpha: float) -> torch.Tensor:
     s = x_max.clamp_min(1e-12) ** alpha / w_max.clamp_min(1e-12) ** (1 - alpha)
     return torch.where((x_max > 0) & (w_max > 0), s, torch.ones_like(s)).clamp(1e-4, 1e4)
@@ -83,12 +69,10 @@ def smooth(gm: GraphModule, batches: list[tuple], alpha: float) -> int:
     pairs = find_pairs(gm, linear_only=True)
     if not (found or pairs) or not batches:
         return 0
-    stats = _ChannelMax(gm, set(found) | {p.second.args[0] for p in pairs})
-    with torch.no_grad():
-        for batch in batches:
-            stats.run(*batch)
+    amax = channel_extremes(gm, {n: -1 for n in [*found, *(p.second.args[0] for p in pairs)]}, batches,
+                            magnitude=True)
     for out, (norm, readers) in found.items():
-        x_max = stats.amax.get(out)
+        x_max = amax.get(out)
         if x_max is None:
             continue
         w_max = torch.stack([attribute_tensor(gm, r.args[1]).detach().abs().amax(0).to(torch.float64)
@@ -99,7 +83,7 @@ def smooth(gm: GraphModule, batches: list[tuple], alpha: float) -> int:
         for r in readers:
             set_attribute_tensor(gm, r.args[1].target, attribute_tensor(gm, r.args[1]).detach().to(torch.float64) * s)
     for pair in pairs:
-        x_max = stats.amax.get(pair.second.args[0])
+        x_max = amax.get(pair.second.args[0])
         if x_max is None:
             continue
         w_max = attribute_tensor(gm, pair.second.args[1]).detach().abs().amax(0).to(torch.float64)
