@@ -3,12 +3,12 @@
 ``kernels`` picks LiteRT's kernel family: ``"reference"`` (BUILTIN_REF, the default),
 ``"builtin"`` (the optimized builtin kernels, BUILTIN_WITHOUT_DEFAULT_DELEGATES) or
 ``"xnnpack"`` (the default delegates). Before partitioning, its ``rewrites`` give residual
-adds the form of the ADD that runs them (TFLite's, fused_add.py, or XNNPACK's, xnnpack_add.py)
-and every rescale that fuses into a TFLite GEMM the rounding those kernels use (rounding.py;
+adds the form of the ADD that runs them (TFLite's, fused_add.py, or XNNPACK's, xnnpack_add.py),
+global means XNNPACK's MEAN for ``xnnpack`` (xnnpack_mean.py), and every rescale that fuses into a TFLite GEMM the rounding those kernels use (rounding.py;
 XNNPACK's float32 requantization for ``xnnpack``), each within a step per rescale of the graph
 it receives, so the program's form is what LiteRT computes: every family is bit-exact with it,
 and within those bounds of the canonical program. XNNPACK payloads take XNNPACK's own forms of
-quantize, dequantize and padding (``export.py``, ``native``, exact as well), so the delegate runs
+quantize, dequantize, padding, ADD and MEAN (``export.py``, ``native``, exact as well), so the delegate runs
 them as one subgraph; benchmarks/latency.py and litert_exactness.py measure both.
 
 Interpreters are built once per model (the flatbuffer is verified first, see
@@ -33,6 +33,7 @@ from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, uns
 from qlower.backends.litert.fused_add import TfliteAdd, add_groups
 from qlower.backends.litert.verify import builtin_counts, loaded_payload_problem, model_description, verify_tflite
 from qlower.backends.litert.xnnpack_add import XnnpackAdd, xnnpack_add_groups
+from qlower.backends.litert.xnnpack_mean import XnnpackMean
 from qlower.backends.threads import available_cores, check_threads
 from qlower.contract import Backend, Exporter, Payload, Verdict, check_payload_inputs
 from qlower.errors import ConfigError, ExecutionError, InputError
@@ -47,7 +48,7 @@ _EXACTNESS = {
     "reference": "bit-exact with the reference interpreter (LiteRT reference kernels, BUILTIN_REF)",
     "builtin": "bit-exact with the reference interpreter (LiteRT optimized builtin kernels)",
     "xnnpack": ("bit-exact with the reference interpreter (LiteRT's XNNPACK delegate: its float32 "
-                "requantization and its ADD are the program's form)"),
+                "requantization, its ADD and its MEAN are the program's form)"),
 }
 _CACHE_SIZE = 16
 
@@ -88,8 +89,8 @@ class LiteRtBackend(Backend):
     def rewrites(self, target: str) -> tuple[Rewrite, ...]:
         """Residual adds in the form of the ADD that runs them (XNNPACK's where the delegate takes it,
         else TFLite's), fused requantization with the kernels' rounding."""
-        adds = (XnnpackAdd(), TfliteAdd()) if self.kernels == "xnnpack" else (TfliteAdd(),)
-        return (*adds, rounding.KernelRounding(self.kernels))
+        forms = (XnnpackAdd(), TfliteAdd(), XnnpackMean()) if self.kernels == "xnnpack" else (TfliteAdd(),)
+        return (*forms, rounding.KernelRounding(self.kernels))
 
     def prepare(self, graph: Graph) -> None:
         """Note the ops that fuse into one TFLite kernel: only as a whole do they have a TFLite form."""

@@ -18,10 +18,8 @@ stopping at every plain-integer op: a per-tensor int8 ``quantize`` /
 ``dequantize`` becomes QUANTIZE / DEQUANTIZE (XNNPACK multiplies by the
 float32 reciprocal of the scale and rounds half to even, as the reference
 does), padding with the zero point PAD instead of PADV2, and a residual add in
-XNNPACK's form (xnnpack_add.py) one ADD. A global average stays in its exact
-form: XNNPACK's MEAN sums the raw codes and converts with a float32 scale and
-zero point of its own (measured: it differs from the reference by a step on
-about 3% of outputs), which the IR does not model yet.
+XNNPACK's form (xnnpack_add.py) one ADD, and a global mean in XNNPACK's form
+(xnnpack_mean.py) one MEAN.
 
 An op with no exact form raises UnsupportedOpError naming the op, its source
 line and why. Tensors are named after the IR values they hold, so a traced run
@@ -72,8 +70,13 @@ class _Export:
         self.outputs = set(graph.outputs)
         self.adds = add_groups(graph) | (xnnpack_add_groups(graph) if native else {})
         self.ranges = CodeRanges(graph)
-        # ops written by another op's emitter: an add group's members by its output rescale
+        from qlower.backends.litert.xnnpack_mean import xnnpack_means  # (it reads tflm's, which reads this)
+
+        self.means = xnnpack_means(graph) if native else {}
+        # ops written by another op's emitter: an add group's members by its output rescale, an XNNPACK
+        # mean's centering and sums by its table
         self.skipped = {id(m) for g in self.adds.values() for m in g.members}
+        self.skipped |= {id(o) for m in self.means.values() for o in (m.widen, m.rows, m.cols)}
 
     # -- tensors of IR values -----------------------------------------------------------------
     def value(self, v: Value) -> int:
@@ -511,6 +514,11 @@ def _gather(ex: _Export, op: Op) -> None:
 
 
 def _table(ex: _Export, op: Op) -> None:
+    if id(op) in ex.means:   # XNNPACK's MEAN of the plane (xnnpack_mean.py)
+        axes = ex.b.const(f"{op.result.name}/axes", np.asarray([1, 2], np.int32), "int32")
+        ex.result(op, B.MEAN, [ex.value(ex.means[id(op)].widen.operands[0]), axes],
+                  options("ReducerOptions", KeepDims=True))
+        return
     _gather_table(ex, op, op.attrs["table"], op.attrs["offset"])
 
 

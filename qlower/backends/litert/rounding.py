@@ -107,13 +107,14 @@ def with_gemm_rounding(graph: Graph, table: dict[str, str] | Callable[[Op, Op], 
 def exact_kernels(graph: Graph) -> list[str]:
     """The LiteRT kernel families guaranteed to compute ``graph``'s exported model bit-exactly: each
     fused GEMM rounds as the family does, and each residual add has the form of the ADD that runs it
-    (XNNPACK's where the delegate takes it, TFLite's elsewhere)."""
+    (XNNPACK's where the delegate takes it, TFLite's elsewhere); XNNPACK's MEAN runs under XNNPACK only."""
     from qlower.backends.litert.export import fused_pairs
     from qlower.backends.litert.fused_add import add_groups
     from qlower.backends.litert.xnnpack_add import xnnpack_add_groups, xnnpack_takes
+    from qlower.backends.litert.xnnpack_mean import xnnpack_means
 
     pairs = list(fused_pairs(graph).values())
-    tflite_adds, xnnpack_adds = add_groups(graph).values(), xnnpack_add_groups(graph)
-    adds_ok = {"xnnpack": not any(xnnpack_takes(g) for g in tflite_adds)}
-    return [k for k in KERNEL_ROUNDING if adds_ok.get(k, not xnnpack_adds)
+    xnnpack_forms = bool(xnnpack_add_groups(graph) or xnnpack_means(graph))   # its ADD and MEAN
+    forms_ok = {"xnnpack": not any(xnnpack_takes(g) for g in add_groups(graph).values())}
+    return [k for k in KERNEL_ROUNDING if forms_ok.get(k, not xnnpack_forms)
             and all(op.attrs["rounding"] == kernel_rounding(k)(op, gemm) for op, gemm in pairs)]
