@@ -109,6 +109,19 @@ def test_tflm_kernel_rounding():
     _report(TflmKernelRounding.name)
 
 
+def test_tflm_mean():
+    """Every global mean TFLM's MEAN can stand for becomes its sum-and-table form, within a step."""
+    from qlower.backends.tflm.mean import TflmMean
+
+    @fuzz_settings(15)
+    @given(case=pattern_cases("global_mean"))
+    def run(case):
+        check_declaration(TflmMean(), case)
+
+    run()
+    _report(TflmMean.name)
+
+
 def test_ethosu_mean_form():
     """Every global mean the proof admits becomes the sum form; those it refuses keep the pool."""
     refused = [0]
