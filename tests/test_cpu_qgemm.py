@@ -72,12 +72,14 @@ def test_k_at_the_exactness_edge():
         w[:, ::4096] = 127   # small l1: the accumulator bound stays in int32
         p = gemm.pack(w, QuantSpec.per_channel(np.full(4, 0.01)), None, None, I8, -128, None, cache=False)
         assert p.engine == "int8" or not gemm.int_mm_exact()
-        assert (qgemm.pack(p, params, 2, None) is not None) == (packs and p.engine == "int8")
+        assert (qgemm.pack(p, params, 2, None, max_k=k) is not None) == (packs and p.engine == "int8")
+        assert qgemm.pack(p, params, 2, None) is None   # past MAX_K: oneDNN's GEMM is faster there
 
 
 @pytest.mark.slow
-def test_long_k_at_the_edge_is_exact(qgemm_calls):
+def test_long_k_at_the_edge_is_exact(qgemm_calls, monkeypatch):
     k = 65793
+    monkeypatch.setattr(qgemm, "MAX_K", k)
     w = np.zeros((16, k), np.int8)
     w[:, ::2048] = -128
     w[:, 1::2048] = 127

@@ -360,6 +360,9 @@ static inline void NAME(const int8_t *restrict x, int64_t K, int64_t KP, const i
     }                                                                                                 \
 }
 QGEMM_TILE(qgemm_tile_4x4, 4, 4)
+QGEMM_TILE(qgemm_tile_4x3, 4, 3)
+QGEMM_TILE(qgemm_tile_4x2, 4, 2)
+QGEMM_TILE(qgemm_tile_4x1, 4, 1)
 QGEMM_TILE(qgemm_tile_any, 0, 0)
 
 void qlw_qgemm_i8(const int8_t *restrict x, int64_t M, int64_t K, int64_t N, const int8_t *restrict w,
@@ -373,8 +376,12 @@ void qlw_qgemm_i8(const int8_t *restrict x, int64_t M, int64_t K, int64_t N, con
             const int64_t v0 = bn * 4, vecs = NP / 16 - v0 < 4 ? NP / 16 - v0 : 4;
             const int8_t *restrict wb = w + v0 * KP * 16;
             __m512i acc[4][4];
-            if (rows == 4 && vecs == 4) qgemm_tile_4x4(x + m0 * K, K, KP, wb, 4, 4, acc);
-            else qgemm_tile_any(x + m0 * K, K, KP, wb, rows, vecs, acc);
+            const int8_t *restrict xb = x + m0 * K;
+            if (rows == 4 && vecs == 4) qgemm_tile_4x4(xb, K, KP, wb, 4, 4, acc);
+            else if (rows == 4 && vecs == 3) qgemm_tile_4x3(xb, K, KP, wb, 4, 3, acc);
+            else if (rows == 4 && vecs == 2) qgemm_tile_4x2(xb, K, KP, wb, 4, 2, acc);
+            else if (rows == 4 && vecs == 1) qgemm_tile_4x1(xb, K, KP, wb, 4, 1, acc);
+            else qgemm_tile_any(xb, K, KP, wb, rows, vecs, acc);
             for (int64_t r = 0; r < rows; r++)
                 for (int64_t v = 0; v < vecs; v++)
                     requant_store16(acc[r][v], ch, NP, (v0 + v) * 16, N, o, y + (m0 + r) * N);

@@ -14,6 +14,9 @@ reference's arithmetic (the conditions of ``pack``):
   then holds for every int32, so no check is skipped that could fail;
 * int8 output, channels along the last axis (or one scale).
 
+It is also used only while ``K <= MAX_K`` (measured: past that oneDNN's blocked GEMM and the
+separate requantization are faster); ``max_k`` (or ``MAX_K``) lifts that in tests of the exactness edge.
+
 Then ``(acc * mult + round) >> shift``, the zero point and the two clamps are the same int64
 operations as ``qlower.ir.requant.apply_scale_32`` and ``Requantizer``.
 """
@@ -32,6 +35,7 @@ from qlower.ir import DType, requant
 
 DOT_MAX = 255 * 128      # |(x + 128) * w| for int8 x and w
 MIN_SHIFT = 32           # apply_scale_32's REQUIRE bound is 2**31 from here on
+MAX_K = 256              # speed, not exactness: a K x 64 weight panel past L1 makes oneDNN's _int_mm faster
 
 
 @dataclass(frozen=True)
@@ -42,11 +46,12 @@ class PackedQGemm:
     scalars: torch.Tensor    # int64 [5]: out_zp, qmin, qmax, clamp lo, clamp hi
 
 
-def pack(p: PackedGemm, params: RescaleParams, rank: int, clamp: tuple[int, int] | None) -> PackedQGemm | None:
+def pack(p: PackedGemm, params: RescaleParams, rank: int, clamp: tuple[int, int] | None,
+         max_k: int | None = None) -> PackedQGemm | None:
     """The packed weights and parameters, or None when one of the module's conditions fails."""
     if p.engine != "int8" or p.w_zp is not None or p.offset_i32 is None or p.acc_bound > INT32_MAX:
         return None
-    if p.k * DOT_MAX >= 2**31 or params.out_dtype is not DType.INT8 or np.any(params.in_zp):
+    if p.k > (MAX_K if max_k is None else max_k) or p.k * DOT_MAX >= 2**31 or params.out_dtype is not DType.INT8 or np.any(params.in_zp):
         return None
     if int(params.shift.min()) < MIN_SHIFT or params.axis not in (None, rank - 1):
         return None
