@@ -135,3 +135,34 @@ def test_an_add_xnnpack_refuses_keeps_tflites_form_and_stays_exact():
     inputs = _every_pair()
     (got,), _ = run_xnnpack(export_tflite(tflite_form, native=True), inputs, 1)
     np.testing.assert_array_equal(got, run_graph(tflite_form, inputs)[0])
+
+
+def test_mean_in_xnnpacks_form_is_xnnpacks_mean():
+    """Random planes, scales and zero points: the frontend's global mean in XnnpackMean's form is one
+    MEAN the delegate takes, bit-exact; the pool form it replaces differs on some of them."""
+    from qlower.backends.litert.xnnpack_mean import XnnpackMean, xnnpack_means
+
+    rng = np.random.default_rng(SEED)
+    differs_from_pool = 0
+    for trial in range(30):
+        h, w, c = int(rng.integers(1, 12)), int(rng.integers(1, 12)), int(rng.integers(16, 64))
+        s_x, zp = float(f32(rng.uniform(0.005, 0.1))), int(rng.integers(-128, 128))
+        b = GraphBuilder("xnn_mean")
+        s_out = float(f32(s_x * rng.uniform(0.2, 2)))
+        if trial % 2:   # a power-of-two plane and ratio: means land exactly half-way between codes
+            h, w = (int(2 ** rng.integers(0, 4)) for _ in range(2))
+            s_out = s_x * 2.0 ** int(rng.integers(-2, 2))
+        x = b.input("x", TensorType((1, h, w, c), DType.INT8, QuantSpec.per_tensor(s_x, zp)))
+        wide = b.op("rescale", x, out=QuantSpec.per_tensor(s_x / 128, 0, DType.INT16))   # as the frontend
+        pool = b.op("avg_pool2d", wide, kernel=(h, w), stride=(1, 1))
+        y = b.op("rescale", pool, out=QuantSpec.per_tensor(s_out, int(rng.integers(-100, 100))))
+        g = verify_graph(b.build([y]))
+        mine = XnnpackMean().apply(g).graph
+        assert len(xnnpack_means(mine)) == 1
+        data = rng.integers(-128, 128, (1, h, w, c)).astype(np.int8)
+        want = run_graph(mine, [data])[0]
+        (got,), kept = run_xnnpack(export_tflite(mine, native=True), [data], 1 + trial % 2)
+        assert kept == ["DELEGATE"], kept
+        np.testing.assert_array_equal(got, want, err_msg=f"trial {trial}")
+        differs_from_pool += int(np.count_nonzero(run_graph(g, [data])[0] != want))
+    assert differs_from_pool > 0, "the data must tell XNNPACK's MEAN from the pool form"
