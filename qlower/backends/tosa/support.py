@@ -45,8 +45,9 @@ DYNAMIC_REASON = ("dynamic quantization computes its scale at run time: stays on
                   "(TOSA 1.0 has no exact float division to compute max|x| / qmax)")
 
 _TOSA_DTYPES = {DType.INT8, DType.INT16, DType.INT32, DType.FLOAT32, DType.BOOL}
+# RESHAPE takes bool_t in TOSA 1.0 (an attention mask's bools change shape between their cast and the softmax)
 _BOOL_OPS = {"equal", "greater", "greater_equal", "select", "logical_and", "logical_or", "logical_xor",
-             "logical_not"}
+             "logical_not", "reshape"}
 
 
 def profile_for(target: str) -> Profile:
