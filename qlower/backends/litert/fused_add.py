@@ -90,19 +90,26 @@ def _add_rescales(graph: Graph) -> tuple[set[int], set[int]]:
     return {id(r) for a in adds for r in a.members[1:]}, {id(a.out) for a in adds}
 
 
+def rescaled_adds(graph: Graph, users, rounding: str):
+    """(add, its output rescale) for each int32 add that is not a graph output and is read only by a
+    rescale to int8 rounding as ``rounding`` (``users``: the graph's)."""
+    outputs = set(graph.outputs)
+    for op in graph.ops:
+        if op.kind != "add" or op.result.dtype is not DType.INT32 or op.result in outputs:
+            continue
+        out = _sole_user(users, op.result)
+        if out is not None and out.kind == "rescale" and out.attrs["rounding"] == rounding \
+                and out.attrs["out"].dtype is DType.INT8:
+            yield op, out
+
+
 def canonical_adds(graph: Graph) -> list[AddGroup]:
     """The int8 adds as the frontend imports them: ``rescale(add(rescale(x1), rescale(x2)))``, each
     operand rescaled once (single rounding) to the sum domain ``add_domain_scale``, the output rescale
     rounding once; members are the add and the two operand rescales."""
     users, producers, outputs = graph.users(), graph.producers(), set(graph.outputs)
     found = []
-    for op in graph.ops:
-        if op.kind != "add" or op.result.dtype is not DType.INT32 or op.result in outputs:
-            continue
-        out = _sole_user(users, op.result)
-        if out is None or out.kind != "rescale" or out.attrs["out"].dtype is not DType.INT8 \
-                or out.attrs["rounding"] != "single":
-            continue
+    for op, out in rescaled_adds(graph, users, "single"):
         rescales = [producers.get(v) for v in op.operands]
         if not all(r is not None and r.kind == "rescale" and r.attrs["rounding"] == "single"
                    and _sole_user(users, r.result) is op and r.result not in outputs
@@ -120,13 +127,7 @@ def add_groups(graph: Graph) -> dict[int, AddGroup]:
     would derive from the float32 scales exactly."""
     users, producers, outputs = graph.users(), graph.producers(), set(graph.outputs)
     groups = {}
-    for op in graph.ops:
-        if op.kind != "add" or op.result.dtype is not DType.INT32 or op.result in outputs:
-            continue
-        out = _sole_user(users, op.result)
-        if out is None or out.kind != "rescale" or out.attrs["rounding"] != "double" \
-                or out.attrs["out"].dtype is not DType.INT8:
-            continue
+    for op, out in rescaled_adds(graph, users, "double"):
         members, xs = [op], []
         for v in op.operands:
             r = producers.get(v)

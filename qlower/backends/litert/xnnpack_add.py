@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qlower.backends.litert.fused_add import AddGroup, _int8_per_tensor, _sole_user, canonical_adds
+from qlower.backends.litert.fused_add import AddGroup, _int8_per_tensor, _sole_user, canonical_adds, rescaled_adds
 from qlower.ir import DType, Graph, QuantSpec, rebuild, requant
 from qlower.ir.rewrite import Rewrite, Rewritten
 
@@ -95,13 +95,7 @@ def xnnpack_add_groups(graph: Graph) -> dict[int, AddGroup]:
     multipliers and shift XNNPACK derives from the float32 scales a .tflite stores."""
     users, producers, outputs = graph.users(), graph.producers(), set(graph.outputs)
     groups = {}
-    for op in graph.ops:
-        if op.kind != "add" or op.result.dtype is not DType.INT32 or op.result in outputs:
-            continue
-        out = _sole_user(users, op.result)
-        if out is None or out.kind != "rescale" or out.attrs["rounding"] != "single" \
-                or out.attrs["out"].dtype is not DType.INT8:
-            continue
+    for op, out in rescaled_adds(graph, users, "single"):
         rescales = [producers.get(v) for v in op.operands]
         if not all(r is not None and r.kind == "rescale" and r.attrs["rounding"] == "integer_multiplier"
                    and r.result not in outputs and _sole_user(users, r.result) is op
