@@ -31,6 +31,10 @@ from qlower.frontend.constants import attribute_tensor, is_check, written_nodes
 # deterministic by their tags but not by their values (uninitialised memory)
 _UNDEFINED = {torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.empty_strided,
               torch.ops.aten.new_empty, torch.ops.aten.new_empty_strided}
+# read only the shape and dtype of their first operand (YOLO's anchors: ``torch.full`` of a stride's ``.item()``
+# traces as ``new_full`` of an activation): constant when the other operands are, at a static shape
+_SHAPE_ONLY = {torch.ops.aten.new_full, torch.ops.aten.new_zeros, torch.ops.aten.new_ones,
+               torch.ops.aten.full_like, torch.ops.aten.zeros_like, torch.ops.aten.ones_like}
 MAX_FOLDED_ELEMENTS = 1 << 24  # a larger constant (an expand to a big shape) is left to compute
 
 
@@ -96,9 +100,15 @@ def _evaluate(gm: GraphModule, node: Node, values: dict[Node, object]) -> object
     if (target.overloadpacket in _UNDEFINED or torch.Tag.nondeterministic_seeded in target.tags
             or target._schema.is_mutable):
         return None
-    if not all(a in values for a in node.all_input_nodes):
+    known = values
+    if target.overloadpacket in _SHAPE_ONLY and node.args[0] not in values:
+        fake = node.args[0].meta.get("val")
+        if not isinstance(fake, torch.Tensor) or not all(isinstance(d, int) for d in fake.shape):
+            return None
+        known = {**values, node.args[0]: torch.zeros(fake.shape, dtype=fake.dtype)}  # its values are not read
+    if not all(a in known for a in node.all_input_nodes):
         return None
-    args, kwargs = pytree.tree_map_only(Node, values.__getitem__, (node.args, node.kwargs))
+    args, kwargs = pytree.tree_map_only(Node, known.__getitem__, (node.args, node.kwargs))
     try:
         with torch.no_grad():
             out = target(*args, **kwargs)
@@ -106,6 +116,8 @@ def _evaluate(gm: GraphModule, node: Node, values: dict[Node, object]) -> object
         return None
     if isinstance(out, torch.Tensor):
         return out if out.numel() <= MAX_FOLDED_ELEMENTS else None
+    if isinstance(out, (bool, int, float)):
+        return out  # ``.item()`` of a constant: folded into the constants that read it
     if isinstance(out, (tuple, list)) and out and all(isinstance(t, torch.Tensor) for t in out):
         return tuple(out) if sum(t.numel() for t in out) <= MAX_FOLDED_ELEMENTS else None
     return None

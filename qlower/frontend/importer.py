@@ -73,6 +73,8 @@ def _fold_float(ctx: ImportContext, node: Node) -> Ref | tuple[Ref, ...]:
     result = ctx.fold(node, {a: torch.from_numpy(np.array(ctx.env[a].data)) for a in node.all_input_nodes})
     if isinstance(result, (tuple, list)) and result and all(isinstance(r, torch.Tensor) for r in result):
         return tuple(_constant_of(ctx, node, r) for r in result)  # split, unbind ... of a constant
+    if isinstance(result, (bool, int, float)):
+        return result  # ``.item()`` of a constant: its readers' rules take it as they take a literal scalar
     if not isinstance(result, torch.Tensor):
         raise ctx.unsupported("a constant expression that doesn't produce a tensor")
     return _constant_of(ctx, node, result)
