@@ -1,5 +1,5 @@
-"""Hugging Face transformers models (random init from tiny configs, qlower/testing/real_models.py) x
-every target: outcome, compile time, partitions, share of integer ops, host float ops.
+"""Real models (Hugging Face transformers from tiny configs, timm backbones, ultralytics YOLO11n detect and
+segment; random init, qlower/testing/real_models.py) x every target: outcome, compile time, partitions, share of integer ops, host float ops.
 
 Each model is compiled once for ``reference`` (capture, PT2E, import, passes: the "frontend" time), then
 lowered for each target (the "lower" time) and run on one held-out input: ``exact`` when every output
@@ -7,8 +7,7 @@ equals the reference interpreter on the target's form. ``integer`` is the share 
 that compute on integers (``qlower.testing.coverage.op_shares``), ``host float`` the ops run in float on
 the host (boundary quantize / dequantize left out), ``host`` every op a delegate target leaves on the
 host, by kind (constants, quantize and dequantize left out; the transposes at the model's boundary
-count), and on ``reference`` and ``cpu``, where everything runs on the host, the aten fallbacks. timm
-and ultralytics are not measured: both import torchvision, which does not import beside torch 2.13.
+count), and on ``reference`` and ``cpu``, where everything runs on the host, the aten fallbacks.
 
     python benchmarks/real_models.py [--models bert vit ...] [--targets cpu litert ...] [--json PATH]
 
@@ -62,8 +61,10 @@ def measure(name: str, targets: tuple[str, ...]) -> list[dict]:
         compiled = qlower.compile(model, example, target="reference", calibration=entry.calibration(),
                                   progress=False)
     except Exception as e:  # noqa: BLE001 - a refusal is a row of the table
-        return [{"model": name, "target": t, "outcome": f"refused: {type(e).__name__}: {str(e)[:160]}"}
+        rows = [{"model": name, "target": t, "outcome": f"refused: {type(e).__name__}: {str(e)[:160]}"}
                 for t in targets]
+        print(_line(rows[0]), flush=True)
+        return rows
     frontend = time.perf_counter() - start
     inputs = entry.make_inputs(7)
     for target in targets:
@@ -91,8 +92,8 @@ def measure(name: str, targets: tuple[str, ...]) -> list[dict]:
 
 def _line(r: dict) -> str:
     if "partitions" not in r:
-        return f"{r['model']:<12} {r['target']:<14} {r['outcome']}"
-    return (f"{r['model']:<12} {r['target']:<14} {r['outcome']:<9} {r['frontend_s']:>7.1f} {r['lower_s']:>7.1f} "
+        return f"{r['model']:<17} {r['target']:<14} {r['outcome']}"
+    return (f"{r['model']:<17} {r['target']:<14} {r['outcome']:<9} {r['frontend_s']:>7.1f} {r['lower_s']:>7.1f} "
             f"{r['partitions']:>5} {100 * r['integer_share']:>8.1f}% {r['host_float']:>6} {sum(r['host_ops'].values()):>5}  "
             + ", ".join(f"{k} {n}" for k, n in r["host_ops"].items()))
 
@@ -103,7 +104,7 @@ def main() -> None:
     parser.add_argument("--targets", nargs="*", default=list(TARGETS))
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
-    print(f"{'model':<12} {'target':<14} {'outcome':<9} {'front s':>7} {'lower s':>7} {'parts':>5} {'integer':>9} "
+    print(f"{'model':<17} {'target':<14} {'outcome':<9} {'front s':>7} {'lower s':>7} {'parts':>5} {'integer':>9} "
           f"{'hostfl':>6} {'host':>5}  host ops")
     rows = [r for name in args.models for r in measure(name, tuple(args.targets))]
     args.json.parent.mkdir(parents=True, exist_ok=True)
