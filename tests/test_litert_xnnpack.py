@@ -166,3 +166,29 @@ def test_mean_in_xnnpacks_form_is_xnnpacks_mean():
         np.testing.assert_array_equal(got, want, err_msg=f"trial {trial}")
         differs_from_pool += int(np.count_nonzero(run_graph(g, [data])[0] != want))
     assert differs_from_pool > 0, "the data must tell XNNPACK's MEAN from the pool form"
+
+
+def test_a_gemm_xnnpack_refuses_stays_on_the_host():
+    """A float32 requantization scale of 256 or more fails XNNPACK's setup and the whole model with it:
+    the backend leaves that conv (and its rescale) to the host, and takes a conv below the limit."""
+    from qlower.backends.litert.backend import LiteRtBackend
+    from qlower.backends.litert.rounding import with_kernel_rounding
+
+    rng = np.random.default_rng(SEED)
+    for s_out, taken in ((2.0**-9, True), (2.0**-11, False)):   # ratios 0.25 / s_out: 128 and 512
+        b = GraphBuilder("ratio")
+        x = b.input("x", TensorType((1, 6, 6, 4), DType.INT8, QuantSpec.per_tensor(0.5, 0)))
+        wq = QuantSpec.per_channel(np.full(4, 0.5), axis=0, qmin=-127, qmax=127)
+        c = b.op("conv2d", x, b.constant(rng.integers(-2, 3, (4, 1, 1, 4)).astype(np.int8), wq), None)
+        g = with_kernel_rounding(verify_graph(b.build([b.op("rescale", c, out=QuantSpec.per_tensor(s_out, 0))])),
+                                 "xnnpack")
+        backend = LiteRtBackend(kernels="xnnpack")
+        backend.prepare(g)
+        conv = next(op for op in g.ops if op.kind == "conv2d")
+        verdict = backend.supports(conv, "litert")
+        assert verdict.ok == taken and (taken or "256" in verdict.reason)
+        if taken:
+            data = rng.integers(-2, 3, (1, 6, 6, 4)).astype(np.int8)
+            (got,), kept = run_xnnpack(export_tflite(g, native=True), [data], 1)
+            assert kept == ["DELEGATE"]
+            np.testing.assert_array_equal(got, run_graph(g, [data])[0])

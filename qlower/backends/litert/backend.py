@@ -85,6 +85,7 @@ class LiteRtBackend(Backend):
         self.kernels = kernels
         self.threads = check_threads(threads, "litert option threads")
         self._fused: set[int] = set()
+        self._refused: set[int] = set()
 
     def rewrites(self, target: str) -> tuple[Rewrite, ...]:
         """Residual adds in the form of the ADD that runs them (XNNPACK's where the delegate takes it,
@@ -94,13 +95,17 @@ class LiteRtBackend(Backend):
 
     def prepare(self, graph: Graph) -> None:
         """Note the ops that fuse into one TFLite kernel: only as a whole do they have a TFLite form."""
-        self._fused = {id(op) for pair in fused_pairs(graph).values() for op in pair}
+        pairs = fused_pairs(graph).values()
+        self._refused = {id(gemm) for op, gemm in pairs if self.kernels == "xnnpack" and rounding.xnnpack_refuses(op)}
+        self._fused = {id(op) for pair in pairs for op in pair if id(pair[1]) not in self._refused}
         groups = add_groups(graph) | (xnnpack_add_groups(graph) if self.kernels == "xnnpack" else {})
         self._fused |= {id(op) for g in groups.values() for op in (g.out, *g.members)}
 
     def supports(self, op: Op, target: str) -> Verdict:
         if id(op) in self._fused:
             return Verdict.yes()
+        if id(op) in self._refused:
+            return Verdict.no("XNNPACK refuses its requantization scale (256 or more), and then the whole model")
         if op.kind in GEMMS:
             return Verdict.no(unsupported_reason(op) or "its int32 accumulator feeds no single rescale to int8 "
                               "(TFLite's GEMMs requantize inside the kernel)")

@@ -17,8 +17,9 @@ xnnpack        fp32                 fp32                double (TOSA)
 "double_half_up" rounds the second time half up, as ruy does, see
 ``requant.apply_scale_high_mul``; "fp32" is XNNPACK's float32 requantization,
 ``requant.apply_scale_fp32``. XNNPACK does not take BATCH_MATMUL, which then
-runs on the builtin kernel, nor a GEMM whose float32 requantization scale is
-256 or more (its operator setup refuses it): those keep the builtin rounding.)
+runs on the builtin kernel. A GEMM whose float32 requantization scale is 256 or
+more fails XNNPACK's operator setup, and with it the whole model: the backend
+leaves such a GEMM to the host.)
 
 A program compiled for the ``litert`` target gets these roundings on its
 fused rescales *before* partitioning, so they are what the program means: the
@@ -51,11 +52,16 @@ def kernel_rounding(kernels: str) -> Callable[[Op, Op], str]:
         return lambda op, gemm: table[gemm.kind]
 
     def xnnpack(op: Op, gemm: Op) -> str:
-        src, out = op.operands[0].type.quant, op.attrs["out"]
-        if np.all(requant.xnnpack_scale(np.asarray(src.scale), out.scale[0]) < XNNPACK_MAX_SCALE):
-            return table[gemm.kind]
-        return KERNEL_ROUNDING["builtin"][gemm.kind]   # the delegate leaves it to the builtin kernel
+        # (a GEMM XNNPACK refuses stays on the host: the backend doesn't take it, see xnnpack_refuses)
+        return KERNEL_ROUNDING["builtin"][gemm.kind] if xnnpack_refuses(op) else table[gemm.kind]
     return xnnpack
+
+
+def xnnpack_refuses(rescale: Op) -> bool:
+    """Whether XNNPACK refuses the GEMM fused with ``rescale``: its float32 requantization scale is 256 or
+    more (the delegate takes the node, then fails to create the runtime: the whole model wouldn't load)."""
+    src, out = rescale.operands[0].type.quant, rescale.attrs["out"]
+    return bool(np.any(requant.xnnpack_scale(np.asarray(src.scale), out.scale[0]) >= XNNPACK_MAX_SCALE))
 
 
 def with_kernel_rounding(graph: Graph, kernels: str) -> Graph:
