@@ -5,9 +5,9 @@ Every static zoo model (image models at ``--size``) is compiled for the ``litert
 ``--inputs`` random inputs (seeded) besides the example; each output is compared with the
 reference interpreter on the program's source graph, in steps of the output's quantization (the
 scale of the dequantized output, or 1 for integer outputs). Reported: the largest difference in
-steps and the share of output elements that are exact. ``reference`` and ``builtin`` must show
-0 steps and 100%; ``xnnpack`` is what it is (XNNPACK requantizes some convolutions in float32, and its payloads take
-XNNPACK's own QUANTIZE, MEAN and DEQUANTIZE, see qlower/backends/litert/export.py).
+steps and the share of output elements that are exact. Every family must show 0 steps and 100%:
+``xnnpack`` programs carry XNNPACK's float32 requantization and its ADD (qlower/backends/litert/rounding.py,
+xnnpack_add.py) and its payloads XNNPACK's own QUANTIZE and DEQUANTIZE (export.py).
 
     python benchmarks/litert_exactness.py [--size 32] [--inputs 4] [--models tiny_cnn ...]
 """
