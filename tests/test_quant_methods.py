@@ -83,6 +83,25 @@ def test_mse_errors_by_code_equal_the_sum_over_every_point():
     assert float(want[int(got.argmin())]) <= float(want.min()) * (1 + 1e-8)
 
 
+@pytest.mark.parametrize("shift", [0.0, 1.5, "relu"])
+def test_mse_search_finds_the_best_clip_of_the_whole_grid(shift):
+    from qlower.frontend.observers import ACT_GRID
+
+    batches = [x.relu() if shift == "relu" else x + shift for x in _heavy_tailed()]
+    obs = MSEObserver(**INT8)
+    _qparams(obs, batches)
+    points, weights = obs._centres()
+    lo, hi = min(float(obs.min_val), 0.0), max(float(obs.max_val), 0.0)
+    grid = ACT_GRID.to(torch.float64)
+    a, b = (t.reshape(-1) for t in torch.meshgrid(lo * grid, hi * grid, indexing="ij"))
+    scale = (b - a) / 255
+    zero = torch.clamp(-128 - torch.round(a / scale), -128, 127)
+    full = _squared_errors(points, weights, scale, zero, -128, 127)
+    lo_c, hi_c = obs._clip()
+    chosen = int(torch.nonzero((a == lo_c) & (b == hi_c))[0])
+    assert float(full[chosen]) <= float(full.min()) * (1 + 1e-9), (float(full[chosen]), float(full.min()))
+
+
 @pytest.mark.parametrize("percentile", [99.0, 99.9])
 def test_percentile_observer_clips_at_the_percentile(percentile):
     batches = _heavy_tailed()
