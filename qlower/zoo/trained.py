@@ -59,8 +59,9 @@ RECIPES: dict[str, Recipe] = {
                            seed=1201, epochs=12, lr=5e-3),
     "resnet18": Recipe(lambda: ResNet18(num_classes=10, width=16), "ResNet-18 with 16-128 channels",
                        seed=1202, epochs=8, lr=3e-3),
+    # 50 epochs, not 25: at 25 the ViT fit the clean digits (96%) but reached only 82% on digits-hard (87% at 50)
     "timm_vit_tiny": Recipe(lambda: VisionTransformer(SIZE), "the zoo's ViT (dim 64, 2 blocks)",
-                            seed=1203, epochs=25, lr=2e-3, weight_decay=0.05),
+                            seed=1203, epochs=50, lr=2e-3, weight_decay=0.05, version=3),
     "mobilenet_v3_small": Recipe(lambda: MobileNetV3Small(num_classes=10), "MobileNetV3-Small width 0.5",
                                  seed=1204, epochs=12, lr=3e-3),
 }
