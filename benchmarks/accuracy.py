@@ -19,7 +19,7 @@ always re-measured).
 ``--calibration-speed``: calibration seconds of each observer on MobileNetV2 at 224 (random weights,
 the zoo's calibration batches), against min/max (goal: histogram / mse at most 2x).
 
-    python benchmarks/accuracy.py [--models digits_cnn ...] [--methods WORD ...] [--limit N] [--no-qat]
+    python benchmarks/accuracy.py [--models digits_cnn ...] [--methods 'per-tensor minmax' ...] [--limit N] [--no-qat]
                                   [--redo WORD ...] [--calibration-speed]
 
 Output: benchmarks/results/accuracy.json (and accuracy_calibration.json).
@@ -117,7 +117,7 @@ def measure(name: str, limit: int | None, qat: bool, results: dict, save, words:
             if "error" not in r and not any(w in r["method"] for w in redo or [])}
     todo = methods(name) + (QAT_METHODS if qat else [])
     for label, quant in todo:
-        if words and not any(w in label for w in words):
+        if words and label not in words:
             continue
         if label in done:
             print(f"  {name}: {_line(done[label])}  (kept)", flush=True)
@@ -177,7 +177,7 @@ def calibration_speed(repeats: int = 2) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=trained.names())
-    parser.add_argument("--methods", nargs="+", default=None, help="only the methods containing one of these words")
+    parser.add_argument("--methods", nargs="+", default=None, help="only these methods (their names in the table)")
     parser.add_argument("--redo", nargs="+", default=None, help="re-measure kept rows whose method contains one")
     parser.add_argument("--limit", type=int, default=None, help="held-out images per model (default: all)")
     parser.add_argument("--no-qat", action="store_true")
