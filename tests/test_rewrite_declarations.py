@@ -32,6 +32,7 @@ from qlower.backends.ethosu.channels import ChannelWidening, runs
 from qlower.backends.global_means import global_means
 from qlower.backends.litert.fused_add import TfliteAdd
 from qlower.backends.litert.rounding import KERNEL_ROUNDING, KernelRounding
+from qlower.backends.litert.xnnpack_add import XnnpackAdd
 from qlower.errors import VerificationError
 from qlower.ir import DType, Graph, GraphBuilder, QuantSpec, TensorType, rebuild
 from qlower.ir.rewrite import Rewrite, Rewritten, apply_rewrite, apply_rewrites
@@ -74,14 +75,15 @@ def _report(name: str) -> None:
     assert applied > 0, f"{name} never applied: the property test checks nothing"
 
 
-def test_litert_tflite_add():
+@pytest.mark.parametrize("rewrite", [TfliteAdd(), XnnpackAdd()], ids=lambda r: r.name)
+def test_litert_add_forms(rewrite):
     @fuzz_settings(40)
     @given(case=pattern_cases("residual_add"))
     def run(case):
-        check_declaration(TfliteAdd(), case)
+        check_declaration(rewrite, case)
 
     run()
-    _report(TfliteAdd.name)
+    _report(rewrite.name)
 
 
 @pytest.mark.parametrize("kernels", sorted(KERNEL_ROUNDING))
@@ -109,17 +111,21 @@ def test_tflm_kernel_rounding():
     _report(TflmKernelRounding.name)
 
 
-def test_tflm_mean():
-    """Every global mean TFLM's MEAN can stand for becomes its sum-and-table form, within a step."""
+@pytest.mark.parametrize("kernel", ["tflm", "xnnpack"])
+def test_kernel_means(kernel):
+    """Every global mean TFLM's (XNNPACK's) MEAN can stand for becomes its sum-and-table form, within a step."""
+    from qlower.backends.litert.xnnpack_mean import XnnpackMean
     from qlower.backends.tflm.mean import TflmMean
+
+    rewrite = TflmMean() if kernel == "tflm" else XnnpackMean()
 
     @fuzz_settings(15)
     @given(case=pattern_cases("global_mean"))
     def run(case):
-        check_declaration(TflmMean(), case)
+        check_declaration(rewrite, case)
 
     run()
-    _report(TflmMean.name)
+    _report(rewrite.name)
 
 
 def test_ethosu_mean_form():
