@@ -213,5 +213,5 @@ REAL_MODELS = {m.name: m for m in (
     RealModel("ghostnet", _timm("ghostnet_050", 32)),
     RealModel("repvgg_a0", _timm("repvgg_a0", 32)),
     RealModel("fastvit_t8", _timm("fastvit_t8", 64)),
-    RealModel("yolo11n", _yolo("", 64)), RealModel("yolo11n_seg", _yolo("-seg", 64)),
+    RealModel("yolo11n", _yolo("", 32)), RealModel("yolo11n_seg", _yolo("-seg", 32)),
 )}
