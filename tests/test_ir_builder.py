@@ -205,7 +205,8 @@ def test_rescale():
     assert b.op("rescale", acc, out=out).type == TensorType((1, 2, 2, 3), I8, out)
     with pytest.raises(IRError, match="rescale: output must be quantized per tensor"):
         b.op("rescale", acc, out=QuantSpec.per_channel([0.1] * 3, axis=3))
-    with pytest.raises(IRError, match="rescale: rounding must be one of single, double, double_half_up, got 'up'"):
+    with pytest.raises(IRError, match="rescale: rounding must be one of single, double, double_half_up, fp32, "
+                                      "integer_multiplier, got 'up'"):
         b.op("rescale", acc, out=out, rounding="up")
     with pytest.raises(IRError, match="rescale: expects a quantized integer tensor, got float32"):
         b.op("rescale", _in(b, (3,), F32), out=out)
