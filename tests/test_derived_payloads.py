@@ -122,3 +122,18 @@ def test_loading_twice_derives_once(target, cache):
     assert cache.made == before + 1          # derived again, not taken from the file
     program_from_bytes(data)
     assert cache.made == before + 1          # the second load finds it by digest
+
+
+def test_vela_estimates_and_words_are_written_again_at_load_never_read():
+    """A forged cycle estimate, summary or source line loads as what Vela says of the validated
+    graph: the file's words are replaced, so explain() and the view can't show a forger's numbers."""
+    program = _program("ethos-u55-128")
+    honest = program.partitions[0].payload.meta
+    assert honest["per_layer"], "the fixture must have per-layer rows to forge"
+    forged_rows = [dict(r, op_cycles=r["op_cycles"] * 7 + 1, source="forged.py:1") for r in honest["per_layer"]]
+    loaded = program_from_bytes(_with(program, meta={
+        "per_layer": forged_rows, "details": ["forged"], "summary": "0 total cycles",
+        "execution": honest["execution"].split(":")[0] + ": on silicon"}))
+    meta = loaded.partitions[0].payload.meta
+    for key in ("per_layer", "details", "summary", "execution"):
+        assert meta[key] == honest[key], key

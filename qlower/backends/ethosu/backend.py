@@ -22,15 +22,17 @@ import numpy as np
 
 from qlower.backends.ethosu.channels import ChannelWidening, cheaper_widths, narrowed_tensors, unpad_traced, widen
 from qlower.backends.ethosu.cost import cost_problem, vela_cost
-from qlower.backends.ethosu.derive import derived_problem
+from qlower.backends.ethosu.derive import derived_problem, derived_result
 from qlower.backends.ethosu.means import MeanForms, PoolLimit, pool_is_cheaper
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
 from qlower.backends.ethosu.tables import InterpolatedTables, cheaper
 from qlower.backends.ethosu.vela import (
     ACCELERATORS,
+    DEFAULT_SYSTEM,
     IOTensor,
     VelaConfig,
     VelaDroppedIO,
+    VelaResult,
     compile_cached,
     total_cycles,
     vela_config,
@@ -174,6 +176,31 @@ def top_layers(rows: list[dict[str, Any]], total: int, count: int = 5) -> list[s
     return lines
 
 
+def vela_description(result: VelaResult, config: VelaConfig, widths: dict[str, int], narrowed: dict[str, int],
+                     tensor_map: dict[str, str], graph: Graph) -> dict[str, Any]:
+    """What a payload says in words about Vela's compile: its summary, where it runs, and its
+    per-operator rows with their source lines. A function of facts only (Vela's result for the
+    validated TOSA graph, the configuration, the widening, the lowered graph), so ``check_loaded``
+    writes it again rather than trusting a file's copy of an estimate."""
+    # the total is what the device spends: NPU work plus the time it waits on memory
+    total, npu = result.perf["total_cycles"], result.perf["npu_cycles"]
+    family = "-".join(config.accelerator.split("-")[:2])
+    chosen = (f"Vela's own defaults for {family}"
+              if (config.system_config, config.memory_mode) == DEFAULT_SYSTEM[family] else "as chosen")
+    summary = (f"Vela ({config.system_config} / {config.memory_mode}, {chosen}): {total:,} total cycles "
+               f"({npu:,} NPU, {max(total - npu, 0):,} waiting on memory), "
+               f"{1e3 * result.perf['inference_seconds']:.2f} ms at {config.core_clock / 1e6:g} MHz "
+               f"(estimates); runs here {EXECUTION}")
+    if widths:
+        runs_text = ", ".join(f"%{name} {narrowed[name]}→{w}" for name, w in sorted(widths.items()))
+        summary += f"; channels widened with zeros where Vela costs them lower: {runs_text}"
+    described: dict[str, Any] = {"summary": summary, "execution": EXECUTION}
+    if result.per_layer is not None:
+        described["per_layer"] = layer_sources(result.per_layer, tensor_map, graph)
+        described["details"] = top_layers(described["per_layer"], total)
+    return described
+
+
 def _lower_unvalidated(graph: Graph, divider_free: bool = True) -> tuple[bytes, list[str]]:
     """TOSA bytes (and operator names) of a one-op graph for a verdict. tosa-opt validation
     (a subprocess, ~0.1 s) is skipped: Vela validates its TOSA input itself."""
@@ -305,24 +332,10 @@ class EthosUBackend(TosaConsumer):
             "io": ([{"kind": "input", "value": v.name, **io.as_meta()} for io, v in zip(result.inputs, subgraph.inputs)]
                    + [{"kind": "output", "value": v.name, **io.as_meta()}
                       for io, v in zip(result.outputs, subgraph.outputs)]),
-            "perf": result.perf, "execution": EXECUTION, "vela_seconds": round(result.seconds, 4),
+            "perf": result.perf, "vela_seconds": round(result.seconds, 4),
             "widened": widths, "narrowed": narrowed, "optimise": self.optimise,
         }
-        # the total is what the device spends: NPU work plus the time it waits on memory
-        total, npu = result.perf["total_cycles"], result.perf["npu_cycles"]
-        family = "-".join(target.split("-")[:2])
-        chosen = ("Vela's own defaults for " + family if self.system_config is None and self.memory_mode is None
-                  else "as chosen")
-        meta["summary"] = (f"Vela ({config.system_config} / {config.memory_mode}, {chosen}): {total:,} total cycles "
-                           f"({npu:,} NPU, {max(total - npu, 0):,} waiting on memory), "
-                           f"{1e3 * result.perf['inference_seconds']:.2f} ms at {config.core_clock / 1e6:g} MHz "
-                           f"(estimates); runs here {EXECUTION}")
-        if widths:
-            runs_text = ", ".join(f"%{name} {narrowed[name]}→{w}" for name, w in sorted(widths.items()))
-            meta["summary"] += f"; channels widened with zeros where Vela costs them lower: {runs_text}"
-        if result.per_layer is not None:
-            meta["per_layer"] = layer_sources(result.per_layer, tosa.tensor_map, subgraph)
-            meta["details"] = top_layers(meta["per_layer"], total)
+        meta.update(vela_description(result, config, widths, narrowed, tosa.tensor_map, subgraph))
         return self.wrap(target, tosa, {"command_stream.bin": result.command_stream, "read_only.bin": result.read_only},
                          in_types, out_types, meta)
 
@@ -339,7 +352,16 @@ class EthosUBackend(TosaConsumer):
         if payload.meta.get("narrowed", {}) != narrowed_tensors(subgraph, widths):
             return "its narrowed tensors are not those of its widened channels"
         # then every byte Vela wrote derived again from the validated TOSA graph (derive.py)
-        return super().check_loaded(wide, payload) or derived_problem(payload)
+        problem = super().check_loaded(wide, payload) or derived_problem(payload)
+        if problem is None:   # and its words about that compile written again from the facts, never read
+            meta = payload.meta
+            lowered = next((g for g in (materialize_aliased_outputs(wide), materialize_aliased_outputs(wide, every=True))
+                            if set(payload.tensor_map.values()) <= {v.name for op in g.ops for v in op.results}
+                            | {v.name for v in g.inputs}), wide)
+            meta.update(vela_description(derived_result(payload), vela_config(payload.target, meta["system_config"],
+                                                                               meta["memory_mode"]),
+                                         widths, meta.get("narrowed", {}), payload.tensor_map, lowered))
+        return problem
 
     def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
                        tensors: Sequence[str]) -> dict[str, np.ndarray]:

@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from qlower.backends.derived import first_difference
-from qlower.backends.ethosu.vela import OPTIMISE_GOALS, compile_cached, vela_config
+from qlower.backends.ethosu.vela import OPTIMISE_GOALS, VelaResult, compile_cached, vela_config
 from qlower.backends.tosa.backend import GRAPH_BLOB, TRACE_BLOB
 from qlower.contract import Payload
 from qlower.errors import QlowerError
@@ -37,6 +37,14 @@ def optimise_goals(meta: dict) -> tuple[str, ...]:
         return OPTIMISE_GOALS
     stated = meta["optimise"]
     return tuple(g for g in OPTIMISE_GOALS if isinstance(stated, str) and stated.lower() == g.lower())
+
+
+def derived_result(payload: Payload) -> VelaResult:
+    """Vela's compile of a payload that ``derived_problem`` accepted (its goal normalised): from the
+    digest cache, so asking again costs nothing."""
+    meta = payload.meta
+    config = vela_config(payload.target, meta["system_config"], meta["memory_mode"])
+    return compile_cached(payload.blobs[GRAPH_BLOB], config, "per_layer" in meta, meta["optimise"])
 
 
 def derived_problem(payload: Payload) -> str | None:
