@@ -43,6 +43,7 @@ def _text_inputs(seed: int, vocab: int, length: int = 8) -> tuple[torch.Tensor, 
 
 
 def _bert(seed: int):
+    import_torchvision()   # transformers imports torchvision when it is installed
     from transformers import BertConfig, BertForSequenceClassification
     cfg = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                      intermediate_size=64, max_position_embeddings=16, attn_implementation="eager")
@@ -50,6 +51,7 @@ def _bert(seed: int):
 
 
 def _distilbert(seed: int):
+    import_torchvision()   # transformers imports torchvision when it is installed
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
     cfg = DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
                            max_position_embeddings=16, attn_implementation="eager")
@@ -57,6 +59,7 @@ def _distilbert(seed: int):
 
 
 def _mobilebert(seed: int):
+    import_torchvision()   # transformers imports torchvision when it is installed
     from transformers import MobileBertConfig, MobileBertForSequenceClassification
     cfg = MobileBertConfig(vocab_size=64, hidden_size=32, embedding_size=16, num_hidden_layers=2,
                            num_attention_heads=2, intermediate_size=32, intra_bottleneck_size=16,
@@ -70,6 +73,7 @@ def _image(seed: int, size: int, channels: int = 3) -> tuple[torch.Tensor]:
 
 
 def _vit(seed: int):
+    import_torchvision()   # transformers imports torchvision when it is installed
     from transformers import ViTConfig, ViTForImageClassification
     cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                     intermediate_size=64, num_labels=10, attn_implementation="eager")
@@ -77,6 +81,7 @@ def _vit(seed: int):
 
 
 def _segformer(seed: int):
+    import_torchvision()   # transformers imports torchvision when it is installed
     from transformers import SegformerConfig, SegformerForSemanticSegmentation
     cfg = SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
                           num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2],
@@ -85,6 +90,7 @@ def _segformer(seed: int):
 
 
 def _mobilevit(seed: int):
+    import_torchvision()   # transformers imports torchvision when it is installed
     from transformers import MobileViTConfig, MobileViTForImageClassification
     cfg = MobileViTConfig(image_size=32, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
                           num_attention_heads=2, num_labels=10)
@@ -92,12 +98,14 @@ def _mobilevit(seed: int):
 
 
 def _mobilevitv2(seed: int):
+    import_torchvision()   # transformers imports torchvision when it is installed
     from transformers import MobileViTV2Config, MobileViTV2ForImageClassification
     cfg = MobileViTV2Config(image_size=64, width_multiplier=0.25, num_labels=10)
     return _Logits(MobileViTV2ForImageClassification(cfg), "logits"), _image(seed, 64)
 
 
 def _wav2vec2(seed: int):
+    import_torchvision()   # transformers imports torchvision when it is installed
     from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
     cfg = Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                          conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2), num_feat_extract_layers=2,
@@ -108,6 +116,7 @@ def _wav2vec2(seed: int):
 
 
 def _yolos(seed: int):
+    import_torchvision()   # transformers imports torchvision when it is installed
     from transformers import YolosConfig, YolosForObjectDetection
     cfg = YolosConfig(image_size=[32, 32], patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                       intermediate_size=64, num_detection_tokens=4, num_labels=3, attn_implementation="eager")
