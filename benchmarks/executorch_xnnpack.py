@@ -59,6 +59,8 @@ def serve(pte: str, inputs: str) -> None:
         cmd, _, arg = line.strip().partition(" ")
         if cmd == "threads":
             _unsafe_reset_threadpool(int(arg))
+            # the XNNPACK delegate takes the pool when its method is loaded: load again, or it keeps the old one
+            module = _load_for_executorch(pte)
             reply = {"threads": int(arg)}
         elif cmd == "run":
             times = []
