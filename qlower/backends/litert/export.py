@@ -41,6 +41,7 @@ from qlower.backends.litert.emit import Builder, NotExact, channel_shape, option
 from qlower.backends.litert.fused_add import AddGroup, add_groups
 from qlower.backends.litert.ranges import CodeRanges, table_span
 from qlower.backends.litert.xnnpack_add import xnnpack_add_groups
+from qlower.backends.litert.xnnpack_mean import xnnpack_means
 from qlower.errors import UnsupportedOpError
 from qlower.ir import DType, Graph, Op, TensorType, Value, requant
 from qlower.reference.elementwise import wraps
@@ -70,8 +71,6 @@ class _Export:
         self.outputs = set(graph.outputs)
         self.adds = add_groups(graph) | (xnnpack_add_groups(graph) if native else {})
         self.ranges = CodeRanges(graph)
-        from qlower.backends.litert.xnnpack_mean import xnnpack_means  # (it reads tflm's, which reads this)
-
         self.means = xnnpack_means(graph) if native else {}
         # ops written by another op's emitter: an add group's members by its output rescale, an XNNPACK
         # mean's centering and sums by its table

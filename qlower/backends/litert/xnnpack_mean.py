@@ -10,7 +10,7 @@ scale and a zero point of its own, derived from the float32 scales:
 
 Measured on LiteRT 2.3 (x86-64, AVX-512): 600 random shapes, scales and zero points, 12,125
 outputs, all exact (the centered-sum or float64 forms each miss some). It is a function of the
-centered sum alone, so ``XnnpackMean`` writes it as TFLM's MEAN is written (``tflm/mean.py``): the
+centered sum alone, so ``XnnpackMean`` writes it as TFLM's MEAN is written (``global_means.MeanAsTable``): the
 exact int32 sum of the centered codes and a ``table`` of XNNPACK's MEAN of every sum, within one
 step of the pool form, checked on every sum before rewriting; the exporter writes one MEAN where
 the table is XNNPACK's on every sum (``xnnpack_means``).
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from qlower.backends.tflm.mean import SummedMean, TflmMean, _as_table, _int8_per_tensor, summed_means
+from qlower.backends.global_means import MeanAsTable, SummedMean, int8_per_tensor, summed_means
 from qlower.ir import Graph
 
 f32 = np.float32
@@ -30,7 +30,7 @@ def xnnpack_form(x_type, out_type, taps: int, sums: np.ndarray) -> np.ndarray | 
     """XNNPACK's MEAN of each centered sum of ``taps`` codes of ``x_type`` into ``out_type`` (module doc), or
     None where it can't stand for it: int8 per tensor in and out, over the whole int8 range (XNNPACK clamps
     there), and the raw sums float32 holds exactly."""
-    if not (_int8_per_tensor(x_type) and _int8_per_tensor(out_type)) \
+    if not (int8_per_tensor(x_type) and int8_per_tensor(out_type)) \
             or (out_type.quant.qmin, out_type.quant.qmax) != (-128, 127) or taps * 128 >= 2**24:
         return None
     s_in, zp_in = f32(x_type.quant.scale[0]), int(x_type.quant.zero_point[0])
@@ -41,16 +41,14 @@ def xnnpack_form(x_type, out_type, taps: int, sums: np.ndarray) -> np.ndarray | 
     return np.clip(np.rint(f32(raw * scale) + zp), -128, 127).astype(np.int64)
 
 
-class XnnpackMean(TflmMean):
+class XnnpackMean(MeanAsTable):
     """Each global mean as XNNPACK's int8 MEAN computes it: within one step per mean, checked on every
     sum its input's codes can make before rewriting it."""
 
     name = "litert.xnnpack_mean"
     what = ("a mean over H and W rounds as XNNPACK's int8 MEAN does (one MEAN operator the delegate takes, "
             "instead of a sum of the plane and a lookup table)")
-
-    def table(self, mean):
-        return _as_table(mean, xnnpack_form)
+    form = staticmethod(xnnpack_form)
 
 
 def xnnpack_means(graph: Graph) -> dict[int, SummedMean]:

@@ -32,13 +32,21 @@ from tflite.BuiltinOperator import BuiltinOperator as B
 from tflite.Padding import Padding
 from tflite.TensorType import TensorType as TflType
 
-from qlower.backends.global_means import GlobalMean, global_means
+from qlower.backends.global_means import (
+    GlobalMean,
+    SummedMean,
+    final_codes,
+    global_means,
+    plane_sums,
+    pooled_codes,
+    summed_means,
+)
 from qlower.backends.litert.emit import NotExact, channel_shape, options, tflite_quant
 from qlower.backends.litert.export import GEMMS, _Export, _tfl_dtype
 from qlower.backends.litert.flatbuffer import Quant
 from qlower.backends.tflm.kernels import MAX_INPUTS, first_refusal
 from qlower.backends.tflm.lookup import FLOAT_EXACT, WIDE_TABLE, lookup
-from qlower.backends.tflm.mean import SummedMean, final_codes, plane_sums, pooled_codes, summed_means, tflm_form
+from qlower.backends.tflm.mean import tflm_form
 from qlower.errors import UnsupportedOpError
 from qlower.ir import DType, Graph, Op, requant
 from qlower.reference.pooling import pool_counts, reciprocal_scale
