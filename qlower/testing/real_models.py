@@ -34,6 +34,14 @@ class _Logits(nn.Module):
         return getattr(self.model(*args), self.key)
 
 
+def _transformers(*names: str) -> tuple:
+    """The named classes of transformers, imported after torchvision's shim (transformers imports an
+    installed torchvision, whose native extension may not load)."""
+    import_torchvision()
+    import transformers
+    return tuple(getattr(transformers, name) for name in names)
+
+
 def _text_inputs(seed: int, vocab: int, length: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, vocab, (1, length), generator=g)
@@ -43,24 +51,21 @@ def _text_inputs(seed: int, vocab: int, length: int = 8) -> tuple[torch.Tensor, 
 
 
 def _bert(seed: int):
-    import_torchvision()   # transformers imports torchvision when it is installed
-    from transformers import BertConfig, BertForSequenceClassification
+    BertConfig, BertForSequenceClassification = _transformers("BertConfig", "BertForSequenceClassification")
     cfg = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                      intermediate_size=64, max_position_embeddings=16, attn_implementation="eager")
     return _Logits(BertForSequenceClassification(cfg), "logits"), _text_inputs(seed, 64)
 
 
 def _distilbert(seed: int):
-    import_torchvision()   # transformers imports torchvision when it is installed
-    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+    DistilBertConfig, DistilBertForSequenceClassification = _transformers("DistilBertConfig", "DistilBertForSequenceClassification")
     cfg = DistilBertConfig(vocab_size=64, dim=32, n_layers=2, n_heads=2, hidden_dim=64,
                            max_position_embeddings=16, attn_implementation="eager")
     return _Logits(DistilBertForSequenceClassification(cfg), "logits"), _text_inputs(seed, 64)
 
 
 def _mobilebert(seed: int):
-    import_torchvision()   # transformers imports torchvision when it is installed
-    from transformers import MobileBertConfig, MobileBertForSequenceClassification
+    MobileBertConfig, MobileBertForSequenceClassification = _transformers("MobileBertConfig", "MobileBertForSequenceClassification")
     cfg = MobileBertConfig(vocab_size=64, hidden_size=32, embedding_size=16, num_hidden_layers=2,
                            num_attention_heads=2, intermediate_size=32, intra_bottleneck_size=16,
                            true_hidden_size=16, max_position_embeddings=16, num_feedforward_networks=2,
@@ -73,16 +78,14 @@ def _image(seed: int, size: int, channels: int = 3) -> tuple[torch.Tensor]:
 
 
 def _vit(seed: int):
-    import_torchvision()   # transformers imports torchvision when it is installed
-    from transformers import ViTConfig, ViTForImageClassification
+    ViTConfig, ViTForImageClassification = _transformers("ViTConfig", "ViTForImageClassification")
     cfg = ViTConfig(image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                     intermediate_size=64, num_labels=10, attn_implementation="eager")
     return _Logits(ViTForImageClassification(cfg), "logits"), _image(seed, 32)
 
 
 def _segformer(seed: int):
-    import_torchvision()   # transformers imports torchvision when it is installed
-    from transformers import SegformerConfig, SegformerForSemanticSegmentation
+    SegformerConfig, SegformerForSemanticSegmentation = _transformers("SegformerConfig", "SegformerForSemanticSegmentation")
     cfg = SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
                           num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2],
                           decoder_hidden_size=32, num_labels=4)
@@ -90,23 +93,20 @@ def _segformer(seed: int):
 
 
 def _mobilevit(seed: int):
-    import_torchvision()   # transformers imports torchvision when it is installed
-    from transformers import MobileViTConfig, MobileViTForImageClassification
+    MobileViTConfig, MobileViTForImageClassification = _transformers("MobileViTConfig", "MobileViTForImageClassification")
     cfg = MobileViTConfig(image_size=32, hidden_sizes=[16, 24, 32], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64],
                           num_attention_heads=2, num_labels=10)
     return _Logits(MobileViTForImageClassification(cfg), "logits"), _image(seed, 32)
 
 
 def _mobilevitv2(seed: int):
-    import_torchvision()   # transformers imports torchvision when it is installed
-    from transformers import MobileViTV2Config, MobileViTV2ForImageClassification
+    MobileViTV2Config, MobileViTV2ForImageClassification = _transformers("MobileViTV2Config", "MobileViTV2ForImageClassification")
     cfg = MobileViTV2Config(image_size=64, width_multiplier=0.25, num_labels=10)
     return _Logits(MobileViTV2ForImageClassification(cfg), "logits"), _image(seed, 64)
 
 
 def _wav2vec2(seed: int):
-    import_torchvision()   # transformers imports torchvision when it is installed
-    from transformers import Wav2Vec2Config, Wav2Vec2ForSequenceClassification
+    Wav2Vec2Config, Wav2Vec2ForSequenceClassification = _transformers("Wav2Vec2Config", "Wav2Vec2ForSequenceClassification")
     cfg = Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                          conv_dim=(16, 16), conv_kernel=(10, 3), conv_stride=(5, 2), num_feat_extract_layers=2,
                          num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=4, classifier_proj_size=16,
@@ -116,8 +116,7 @@ def _wav2vec2(seed: int):
 
 
 def _yolos(seed: int):
-    import_torchvision()   # transformers imports torchvision when it is installed
-    from transformers import YolosConfig, YolosForObjectDetection
+    YolosConfig, YolosForObjectDetection = _transformers("YolosConfig", "YolosForObjectDetection")
     cfg = YolosConfig(image_size=[32, 32], patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                       intermediate_size=64, num_detection_tokens=4, num_labels=3, attn_implementation="eager")
     return _Logits(YolosForObjectDetection(cfg), "logits"), _image(seed, 32)
