@@ -22,7 +22,7 @@ import numpy as np
 
 from qlower.backends.ethosu.channels import ChannelWidening, cheaper_widths, narrowed_tensors, unpad_traced, widen
 from qlower.backends.ethosu.cost import cost_problem, vela_cost
-from qlower.backends.ethosu.derive import derived_problem, derived_result
+from qlower.backends.ethosu.derive import derived_compile
 from qlower.backends.ethosu.means import MeanForms, PoolLimit, pool_is_cheaper
 from qlower.backends.ethosu.support import GraphFacts, ethosu_verdict
 from qlower.backends.ethosu.tables import InterpolatedTables, cheaper
@@ -352,15 +352,16 @@ class EthosUBackend(TosaConsumer):
         if payload.meta.get("narrowed", {}) != narrowed_tensors(subgraph, widths):
             return "its narrowed tensors are not those of its widened channels"
         # then every byte Vela wrote derived again from the validated TOSA graph (derive.py)
-        problem = super().check_loaded(wide, payload) or derived_problem(payload)
+        problem = super().check_loaded(wide, payload)
+        if problem is not None:
+            return problem
+        problem, result, config = derived_compile(payload)
         if problem is None:   # and its words about that compile written again from the facts, never read
-            meta = payload.meta
             lowered = next((g for g in (materialize_aliased_outputs(wide), materialize_aliased_outputs(wide, every=True))
                             if set(payload.tensor_map.values()) <= {v.name for op in g.ops for v in op.results}
                             | {v.name for v in g.inputs}), wide)
-            meta.update(vela_description(derived_result(payload), vela_config(payload.target, meta["system_config"],
-                                                                               meta["memory_mode"]),
-                                         widths, meta.get("narrowed", {}), payload.tensor_map, lowered))
+            payload.meta.update(vela_description(result, config, widths, payload.meta.get("narrowed", {}),
+                                                 payload.tensor_map, lowered))
         return problem
 
     def execute_traced(self, payload: Payload, inputs: Sequence[np.ndarray],
