@@ -6,7 +6,8 @@ and ``convert_pt2e`` writes the q/dq nodes that the importer folds into IR types
 Static mode (``QuantConfig.mode == "static"``):
 - conv1d / conv2d / linear: input activation, int8 symmetric weights per output
   channel (or per tensor), bias left float (the importer quantizes it to int32
-  with scale ``s_in * s_w[c]``). A single relu / relu6 / hardtanh / clamp user is
+  with scale ``s_in * s_w[c]``; a weight scale is widened where the bias would not
+  fit int32 at it, bias_fit.py). A single relu / relu6 / hardtanh / clamp user is
   fused: no q/dq between the op and the activation.
 - add / sub / mul / div: activation operands quantized, constant operands (buffers,
   parameters, literals) left float so the importer can represent them exactly. An op reading or
@@ -64,6 +65,7 @@ from torchao.quantization.pt2e.quantizer import (
 )
 
 from qlower.errors import InputError
+from qlower.frontend.bias_fit import fit_biases
 from qlower.frontend.channel_affine import replace_unfolded_batch_norm
 from qlower.frontend.config import INT16_ACT_RANGE, FixedQParams, QuantConfig
 from qlower.frontend.constants import written_nodes
@@ -472,7 +474,8 @@ class QlowerQuantizer(Quantizer):
                                  f"quantization can't be pinned; pin a quantized neighbour instead")
 
     def prepare_obs_or_fq_callback(self, model: GraphModule, edge_or_node_to_obs_or_fq: dict) -> None:
-        """Swap the observer of every pinned value, for its whole sharing group."""
+        """Swap the observer of every pinned value, for its whole sharing group; then give each gemm's
+        weight a scale its bias fits at (bias_fit.py)."""
         pinned = [(self._node_overrides[k], k) for k in self._node_overrides]
         pinned += [(self._edge_overrides[k], k) for k in self._edge_overrides]
         for (scale, zero_point, qmin, qmax), key in pinned:
@@ -490,6 +493,7 @@ class QlowerQuantizer(Quantizer):
             for k, v in list(edge_or_node_to_obs_or_fq.items()):
                 if v is old:
                     edge_or_node_to_obs_or_fq[k] = new
+        fit_biases(model, edge_or_node_to_obs_or_fq)  # weight scales widened where a bias would pass int32
 
 
 def _describe(key) -> str:
