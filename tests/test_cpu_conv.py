@@ -57,6 +57,10 @@ CASES = {
     "conv7x7_stride2_pad3": dict(x_shape=(1, 16, 16, 3), o=8, k=7, stride=(2, 2), pad=(3, 3, 3, 3)),
     "conv3x3x512_large_k": dict(x_shape=(1, 5, 5, 512), o=8, k=3, pad=(1, 1, 1, 1)),
     "depthwise_stride2": dict(x_shape=(1, 9, 9, 12), o=12, k=3, groups=12, stride=(2, 2), pad=(1, 1, 1, 1)),
+    # the native depthwise kernel's 64-channel register blocks: full blocks and a 16-channel tail
+    "depthwise_144ch_stride2_x_zp_min": dict(x_shape=(1, 7, 6, 144), o=144, k=3, groups=144, stride=(2, 2),
+                                             pad=(0, 1, 0, 1), x_zp=-128),
+    "depthwise_5x5_128ch": dict(x_shape=(1, 6, 7, 128), o=128, k=5, groups=128, pad=(2, 2, 2, 2), x_zp=127),
     "depthwise_multiplier2": dict(x_shape=(1, 8, 7, 4), o=8, k=3, groups=4, pad=(1, 1, 1, 1)),
     "depthwise_dilated_asym_pad": dict(x_shape=(1, 11, 10, 6), o=6, k=5, groups=6, dilation=(2, 2),
                                        pad=(4, 2, 3, 1)),

@@ -11,8 +11,10 @@
  * Violations are reported as flag bits; the caller raises the reference's error.
  * Threads: OpenMP, sharing the runtime (libgomp.so.1) already loaded by torch.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define FLAG_INT32 1   /* an int32 result (accumulator or sum) is out of range */
 #define FLAG_SCALE 2   /* a rescale input is outside [-h, h), h = min(2**(s-1), 2**31) */
@@ -168,87 +170,145 @@ int64_t qlw_qadd_i8(const int8_t *restrict a, const int8_t *restrict b, int64_t 
 }
 
 /* Depthwise convolution, NHWC int8 input (channel multiplier 1), centered weights (w - w_zp).
- * g: N, H, W, C, KH, KW, SH, SW, DH, DW, PT, PL, OH, OW, x_zp, T.
- * w: [KH*KW][T*C] int32, each tap's C weights repeated T times; ch: the 7 rescale parameter
- * arrays (DEFINE_RESCALE) tiled the same way, T*C entries each (only the offsets when requant == 0).
- * An output row (OW pixels x C channels) is accumulated tap by tap in int32: for each tap, the
- * output pixels whose input lies inside the image get (x - x_zp) * w; padding taps contribute 0,
- * i.e. they hold the input zero point. With stride 1 the input pixels of T consecutive outputs are
- * contiguous, so the inner loop runs over T*C values against the tiled weights. Each output is
- * the exact int32 sum of at most KH*KW products: the caller proves KH*KW*max|x - x_zp|*max|w| < 2**31.
+ * g: N, H, W, C, KH, KW, SH, SW, DH, DW, PT, PL, OH, OW, x_zp (g[15] is unused).
+ * w: [KH*KW][C] int32; ch: the 7 rescale parameter arrays (DEFINE_RESCALE), C entries each (only the
+ * offsets are read when requant == 0).
+ * Each output pixel is computed DW_BLOCK channels at a time, its accumulators in registers across the
+ * taps: every in-image tap adds (x - x_zp) * w in int32; taps in the padding are skipped, i.e. they hold
+ * the input zero point and contribute 0, as the reference's padded convolution. Each output is the
+ * exact int32 sum of at most KH*KW products: the caller proves KH*KW*max|x - x_zp|*max|w| < 2**31.
  * Then, per output channel:
  *   requant != 0: y (int8) = rescale(sum + offset) with ch/sc as in DEFINE_RESCALE
- *   requant == 0: y (int32) = sum + offset[c], checked to fit int32. */
+ *   requant == 0: y (int32) = sum + offset[c], checked to fit int32.
+ * Threads split the output rows (N*OH). */
+#define DW_BLOCK 64   /* channels per output pixel whose accumulators stay in registers: 4 x 16 lanes */
+
+typedef int8_t v16i8 __attribute__((vector_size(16)));
+typedef int32_t v16i32 __attribute__((vector_size(64)));
+
+/* 16 int8 codes sign-extended to int32 lanes (GCC 12 scalarizes __builtin_convertvector here: the
+ * x86 conversions are spelled out). */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+static inline v16i32 load16_i8(const int8_t *p) {
+    return (v16i32)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+#elif defined(__AVX2__)
+#include <immintrin.h>
+static inline v16i32 load16_i8(const int8_t *p) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)p);
+    v16i32 v;
+    const __m256i lo = _mm256_cvtepi8_epi32(b), hi = _mm256_cvtepi8_epi32(_mm_srli_si128(b, 8));
+    memcpy(&v, &lo, 32);
+    memcpy((char *)&v + 32, &hi, 32);
+    return v;
+}
+#else
+static inline v16i32 load16_i8(const int8_t *p) {
+    v16i8 b;
+    memcpy(&b, p, 16);
+    return __builtin_convertvector(b, v16i32);
+}
+#endif
+
+static inline v16i32 load16_i32(const int32_t *p) {
+    v16i32 v;
+    memcpy(&v, p, 64);
+    return v;
+}
+
+/* The int32 sums of one output pixel's channels [c0, c0 + len) into acc: the taps ky in [ky0, ky1),
+ * kx in [kx0, kx1) (the in-image ones), 16 channels per vector, NV vectors (len == 16 * NV) or, for
+ * NV == 0, any len with a scalar loop. */
+#define DW_TAPS(NAME, NV)                                                                              \
+static inline void NAME(const int8_t *restrict x, const int32_t *restrict w, int32_t *restrict acc,     \
+                        int64_t len, int64_t C, int64_t W, int64_t iy0, int64_t ix0, int64_t ky0,      \
+                        int64_t ky1, int64_t kx0, int64_t kx1, int64_t KW, int64_t DH, int64_t DW,     \
+                        int32_t zx) {                                                                  \
+    if (NV == 0) {                                                                                     \
+        for (int64_t j = 0; j < len; j++) acc[j] = 0;                                                  \
+        for (int64_t ky = ky0; ky < ky1; ky++)                                                         \
+            for (int64_t kx = kx0; kx < kx1; kx++) {                                                   \
+                const int8_t *restrict xs = x + ((iy0 + ky * DH) * W + ix0 + kx * DW) * C;             \
+                const int32_t *restrict wt = w + (ky * KW + kx) * C;                                   \
+                for (int64_t j = 0; j < len; j++) acc[j] += ((int32_t)xs[j] - zx) * wt[j];             \
+            }                                                                                          \
+        return;                                                                                        \
+    }                                                                                                  \
+    v16i32 a[NV ? NV : 1];                                                                             \
+    for (int v = 0; v < NV; v++) a[v] = (v16i32){0};                                                   \
+    for (int64_t ky = ky0; ky < ky1; ky++)                                                             \
+        for (int64_t kx = kx0; kx < kx1; kx++) {                                                       \
+            const int8_t *restrict xs = x + ((iy0 + ky * DH) * W + ix0 + kx * DW) * C;                 \
+            const int32_t *restrict wt = w + (ky * KW + kx) * C;                                       \
+            for (int v = 0; v < NV; v++)                                                               \
+                a[v] += (load16_i8(xs + 16 * v) - zx) * load16_i32(wt + 16 * v);                       \
+        }                                                                                              \
+    for (int v = 0; v < NV; v++) memcpy(acc + 16 * v, &a[v], 64);                                      \
+}
+DW_TAPS(dw_taps_4, 4)
+DW_TAPS(dw_taps_1, 1)
+DW_TAPS(dw_taps_any, 0)
+
 int64_t qlw_dwconv_i8(const int8_t *restrict x, const int64_t *restrict g, const int32_t *restrict w,
                       const int64_t *restrict ch, const int64_t *restrict sc, void *restrict y, int64_t requant) {
     const int64_t N = g[0], H = g[1], W = g[2], C = g[3], KH = g[4], KW = g[5], SH = g[6], SW = g[7];
-    const int64_t DH = g[8], DW = g[9], PT = g[10], PL = g[11], OH = g[12], OW = g[13], T = g[15];
+    const int64_t DH = g[8], DW = g[9], PT = g[10], PL = g[11], OH = g[12], OW = g[13];
     const int32_t zx = (int32_t)g[14];
-    const int64_t TC = T * C;
-    const int64_t *restrict off = ch, *restrict zp = ch + TC, *restrict mu = ch + 2 * TC;
-    const int64_t *restrict sh = ch + 3 * TC, *restrict hf = ch + 4 * TC, *restrict rp = ch + 5 * TC;
-    const int64_t *restrict rn = ch + 6 * TC;
+    const int64_t *restrict off = ch, *restrict zp = ch + C, *restrict mu = ch + 2 * C;
+    const int64_t *restrict sh = ch + 3 * C, *restrict hf = ch + 4 * C, *restrict rp = ch + 5 * C;
+    const int64_t *restrict rn = ch + 6 * C;
     const out_params op = load_out(sc);
     int64_t flags = 0;
-    _Pragma("omp parallel reduction(|:flags)")
-    {
-        int32_t *restrict acc = (int32_t *)malloc(sizeof(int32_t) * (size_t)(OW * C));
+    _Pragma("omp parallel for reduction(|:flags) schedule(static)")
+    for (int64_t row = 0; row < N * OH; row++) {
+        const int64_t n = row / OH, oh = row % OH;
+        const int8_t *restrict xn = x + n * H * W * C;
+        int32_t acc[DW_BLOCK];
         int64_t f = 0;
-        _Pragma("omp for schedule(static)")
-        for (int64_t row = 0; row < N * OH; row++) {
-            const int64_t n = row / OH, oh = row % OH;
-            for (int64_t j = 0; j < OW * C; j++) acc[j] = 0;
-            for (int64_t ky = 0; ky < KH; ky++) {
-                const int64_t iy = oh * SH - PT + ky * DH;
-                if (iy < 0 || iy >= H) continue;
-                const int8_t *restrict xrow = x + (n * H + iy) * W * C;
-                for (int64_t kx = 0; kx < KW; kx++) {
-                    const int32_t *restrict wt = w + (ky * KW + kx) * TC;
-                    const int64_t lo = PL - kx * DW, hi = W - 1 + PL - kx * DW;  /* ow*SW in [lo, hi] */
-                    const int64_t ow0 = lo <= 0 ? 0 : (lo + SW - 1) / SW;
-                    int64_t ow1 = hi < 0 ? 0 : hi / SW + 1;
-                    ow1 = ow1 < OW ? ow1 : OW;
-                    if (SW == 1) {
-                        for (int64_t b = ow0; b < ow1; b += T) {
-                            const int64_t len = (ow1 - b < T ? ow1 - b : T) * C;
-                            const int8_t *restrict xs = xrow + (b - PL + kx * DW) * C;
-                            int32_t *restrict as = acc + b * C;
-                            for (int64_t j = 0; j < len; j++) as[j] += ((int32_t)xs[j] - zx) * wt[j];
-                        }
-                    } else {
-                        for (int64_t ow = ow0; ow < ow1; ow++) {
-                            const int8_t *restrict xs = xrow + (ow * SW - PL + kx * DW) * C;
-                            int32_t *restrict as = acc + ow * C;
-                            for (int64_t c = 0; c < C; c++) as[c] += ((int32_t)xs[c] - zx) * wt[c];
-                        }
-                    }
-                }
-            }
-            const int64_t o = row * OW * C;
-            for (int64_t b = 0; b < OW; b += T) {
-                const int64_t len = (OW - b < T ? OW - b : T) * C;
-                if (requant) {
-                    f |= rescale_row_i32_i8(acc + b * C, (int8_t *)y + o + b * C, len, off, zp, mu, sh, hf, rp,
-                                            rn, 1, op);
+        const int64_t iy0 = oh * SH - PT;
+        int64_t ky0 = 0, ky1 = KH;   /* the kernel rows inside the image: 0 <= iy0 + ky * DH < H */
+        while (ky0 < KH && iy0 + ky0 * DH < 0) ky0++;
+        while (ky1 > ky0 && iy0 + (ky1 - 1) * DH >= H) ky1--;
+        for (int64_t ow = 0; ow < OW; ow++) {
+            const int64_t o = (row * OW + ow) * C, ix0 = ow * SW - PL;
+            int64_t kx0 = 0, kx1 = KW;
+            while (kx0 < KW && ix0 + kx0 * DW < 0) kx0++;
+            while (kx1 > kx0 && ix0 + (kx1 - 1) * DW >= W) kx1--;
+            for (int64_t c0 = 0; c0 < C; c0 += DW_BLOCK) {
+                int64_t len = C - c0 < DW_BLOCK ? C - c0 : DW_BLOCK;
+                if (len == DW_BLOCK) {
+                    dw_taps_4(xn + c0, w + c0, acc, len, C, W, iy0, ix0, ky0, ky1, kx0, kx1, KW, DH, DW, zx);
                 } else {
-                    int32_t *restrict yp = (int32_t *)y + o + b * C;
-                    const int32_t *restrict ap = acc + b * C;
+                    int64_t done = 0;
+                    for (; done + 16 <= len; done += 16)
+                        dw_taps_1(xn + c0 + done, w + c0 + done, acc + done, 16, C, W, iy0, ix0, ky0, ky1, kx0,
+                                  kx1, KW, DH, DW, zx);
+                    if (done < len)
+                        dw_taps_any(xn + c0 + done, w + c0 + done, acc + done, len - done, C, W, iy0, ix0, ky0,
+                                    ky1, kx0, kx1, KW, DH, DW, zx);
+                }
+                if (requant) {
+                    f |= rescale_row_i32_i8(acc, (int8_t *)y + o + c0, len, off + c0, zp + c0, mu + c0, sh + c0,
+                                            hf + c0, rp + c0, rn + c0, 1, op);
+                } else {
+                    int32_t *restrict yp = (int32_t *)y + o + c0;
                     for (int64_t j = 0; j < len; j++) {
-                        const int64_t v = (int64_t)ap[j] + off[j];
+                        const int64_t v = (int64_t)acc[j] + off[c0 + j];
                         f |= int32_flag(v);
                         yp[j] = (int32_t)v;
                     }
                 }
             }
         }
-        free(acc);
         flags |= f;
     }
     return flags;
 }
 
 /* im2col of an NHWC int8 tensor for a KHxKW convolution: cols[(n, oh, ow), (ky, kx, c)],
- * taps outside the input hold the input zero point. g as in qlw_dwconv_i8. */
+ * taps outside the input hold the input zero point. g as in qlw_dwconv_i8. With DW == 1 the taps
+ * of one kernel row are KW*C contiguous input bytes: one copy, the padding columns filled around it. */
 void qlw_im2col_i8(const int8_t *restrict x, const int64_t *restrict g, int8_t *restrict cols) {
     const int64_t N = g[0], H = g[1], W = g[2], C = g[3], KH = g[4], KW = g[5], SH = g[6], SW = g[7];
     const int64_t DH = g[8], DW = g[9], PT = g[10], PL = g[11], OH = g[12], OW = g[13];
@@ -261,19 +321,77 @@ void qlw_im2col_i8(const int8_t *restrict x, const int64_t *restrict g, int8_t *
             int8_t *restrict dst = cols + (row * OW + ow) * K;
             for (int64_t ky = 0; ky < KH; ky++) {
                 const int64_t iy = oh * SH - PT + ky * DH;
-                for (int64_t kx = 0; kx < KW; kx++) {
-                    const int64_t ix = ow * SW - PL + kx * DW;
-                    int8_t *restrict d = dst + (ky * KW + kx) * C;
-                    if (iy < 0 || iy >= H || ix < 0 || ix >= W) {
-                        for (int64_t c = 0; c < C; c++) d[c] = zx;
-                    } else {
-                        const int8_t *restrict s = x + ((n * H + iy) * W + ix) * C;
-                        for (int64_t c = 0; c < C; c++) d[c] = s[c];
+                int8_t *restrict d = dst + ky * KW * C;
+                const int64_t ix0 = ow * SW - PL;
+                if (iy < 0 || iy >= H) {
+                    memset(d, zx, (size_t)(KW * C));
+                } else if (DW == 1) {
+                    const int64_t k0 = ix0 < 0 ? -ix0 : 0, k1 = W - ix0 < KW ? W - ix0 : KW;
+                    if (k1 <= k0) {
+                        memset(d, zx, (size_t)(KW * C));
+                        continue;
+                    }
+                    if (k0 > 0) memset(d, zx, (size_t)(k0 * C));
+                    memcpy(d + k0 * C, x + ((n * H + iy) * W + ix0 + k0) * C, (size_t)((k1 - k0) * C));
+                    if (k1 < KW) memset(d + k1 * C, zx, (size_t)((KW - k1) * C));
+                } else {
+                    for (int64_t kx = 0; kx < KW; kx++) {
+                        const int64_t ix = ix0 + kx * DW;
+                        if (ix < 0 || ix >= W) memset(d + kx * C, zx, (size_t)C);
+                        else memcpy(d + kx * C, x + ((n * H + iy) * W + ix) * C, (size_t)C);
                     }
                 }
             }
         }
     }
+}
+
+/* Max pooling of an NHWC int8 tensor: y[n, oh, ow, c] = the maximum of the window's taps inside the image,
+ * or -128 when none is; padding taps hold -128 (the reference pads with the dtype's minimum), which never
+ * raises a maximum, so skipping them is the same. g: N, H, W, C, KH, KW, SH, SW, PT, PL, OH, OW.
+ * Threads split the output rows. */
+void qlw_maxpool_i8(const int8_t *restrict x, const int64_t *restrict g, int8_t *restrict y) {
+    const int64_t N = g[0], H = g[1], W = g[2], C = g[3], KH = g[4], KW = g[5], SH = g[6], SW = g[7];
+    const int64_t PT = g[8], PL = g[9], OH = g[10], OW = g[11];
+    _Pragma("omp parallel for schedule(static)")
+    for (int64_t row = 0; row < N * OH; row++) {
+        const int64_t n = row / OH, oh = row % OH;
+        const int64_t iy0 = oh * SH - PT, ky0 = iy0 < 0 ? -iy0 : 0, ky1 = H - iy0 < KH ? H - iy0 : KH;
+        for (int64_t ow = 0; ow < OW; ow++) {
+            int8_t *restrict d = y + (row * OW + ow) * C;
+            const int64_t ix0 = ow * SW - PL, kx0 = ix0 < 0 ? -ix0 : 0, kx1 = W - ix0 < KW ? W - ix0 : KW;
+            for (int64_t c = 0; c < C; c++) d[c] = INT8_MIN;
+            for (int64_t ky = ky0; ky < ky1; ky++)
+                for (int64_t kx = kx0; kx < kx1; kx++) {
+                    const int8_t *restrict s = x + ((n * H + iy0 + ky) * W + ix0 + kx) * C;
+                    for (int64_t c = 0; c < C; c++) d[c] = s[c] > d[c] ? s[c] : d[c];
+                }
+        }
+    }
+}
+
+/* Per-tensor float32 -> int8 quantization, the reference's float32 operations in its order:
+ * r = round_half_even(x * inv) + zp, clamped to [qmin, qmax], with the default rounding mode
+ * (nearbyintf) and no contraction (-std=c99 turns GCC's fp-contract off). p: inv, zp, qmin, qmax.
+ * Returns 1 when some r is NaN (the caller raises), else 0. */
+int64_t qlw_quantize_f32_i8(const float *restrict x, int64_t n, const float *restrict p, int8_t *restrict y) {
+    const float inv = p[0], zp = p[1], lo = p[2], hi = p[3];
+    const int64_t block = 16384, nblocks = (n + block - 1) / block;
+    int64_t nan = 0;
+    _Pragma("omp parallel for reduction(|:nan) schedule(static)")
+    for (int64_t b = 0; b < nblocks; b++) {
+        const int64_t i0 = b * block, i1 = i0 + block < n ? i0 + block : n;
+        int64_t f = 0;
+        for (int64_t i = i0; i < i1; i++) {
+            float r = nearbyintf(x[i] * inv) + zp;
+            f |= (int64_t)(r != r);
+            r = r < lo ? lo : r;
+            r = r > hi ? hi : r;
+            y[i] = (int8_t)(r == r ? r : 0.0f);
+        }
+        nan |= f;
+    }
+    return nan;
 }
 
 /* A binary int8 function given by its table: y[i] = t[(a[i] + 128) * 256 + (b[i] + 128)].

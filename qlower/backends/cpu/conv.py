@@ -70,9 +70,10 @@ class ConvGeometry:
     def depthwise(self) -> bool:
         return self.ci == 1 and self.groups == self.c
 
-    def native_array(self, x_zp: int, tile: int = 1) -> torch.Tensor:
+    def native_array(self, x_zp: int) -> torch.Tensor:
+        """The geometry array ``g`` of the native kernels (_native.c); its last slot is unused."""
         return torch.tensor([self.n, self.h, self.w, self.c, self.kh, self.kw, self.sh, self.sw, self.dh, self.dw,
-                             self.pt, self.pl, self.oh, self.ow, x_zp, tile], dtype=torch.int64)
+                             self.pt, self.pl, self.oh, self.ow, x_zp, 1], dtype=torch.int64)
 
 
 def im2col(x: torch.Tensor, g: ConvGeometry, x_zp: int) -> torch.Tensor:
@@ -176,7 +177,7 @@ class PackedDirect:
     """Weights of a depthwise/grouped conv for the native kernel or torch's float convolution."""
 
     mode: str                      # "native", "float32" or "float64"
-    weight: torch.Tensor           # native: int32 [KH*KW, tile*O]; float: centered [O, CI, KH, KW]
+    weight: torch.Tensor           # native: int32 [KH*KW, O]; float: centered [O, CI, KH, KW]
     bias: np.ndarray               # int64 [O]
     bias_t: torch.Tensor           # int64 [O]
     acc_bound: int
@@ -187,8 +188,6 @@ class DirectConv(_IntGemmOp):
 
     def __init__(self, op: Op, ctx: BuildContext) -> None:
         self.g = ConvGeometry.of(op)
-        # the native kernel's rows hold `tile` pixels of all channels: >= 256 values when possible
-        self.tile = max(1, min(16, -(-256 // self.g.o)))
         super().__init__(op, ctx)
         self.mult = self.g.o // self.g.c if self.g.depthwise else 1
 
@@ -199,7 +198,7 @@ class DirectConv(_IntGemmOp):
             return build()
         key = weights_cache.make_key("conv2d-direct", w, self.w_quant, b, self.b_quant, x_dtype=self.x_dtype.value,
                                      x_zp=self.x_zp, groups=self.g.groups, engine=self.ctx.gemm_engine or "auto",
-                                     native=self.ctx.native is not None, tile=self.tile,
+                                     native=self.ctx.native is not None, layout="taps-by-channel",
                                      f32_ieee=gemm.float32_is_ieee())
         return weights_cache.get_or_pack(key, build)
 
@@ -219,7 +218,7 @@ class DirectConv(_IntGemmOp):
                      and amax * l1 <= INT32_MAX and forced in (None, "int8"))
         if native_ok:
             taps = wc.reshape(g.o, g.kh * g.kw).T.astype(np.int32)  # [KH*KW, O]
-            weight = torch.from_numpy(np.ascontiguousarray(np.tile(taps, (1, self.tile))))
+            weight = torch.from_numpy(np.ascontiguousarray(taps))
             mode = "native"
         else:
             f32 = amax * l1 <= gemm.F32_EXACT and forced != "float64" and gemm.float32_is_ieee()
@@ -233,11 +232,7 @@ class DirectConv(_IntGemmOp):
         return x if self.mult == 1 else x.repeat_interleave(self.mult, dim=3)
 
     def _native_geometry(self) -> torch.Tensor:
-        return replace(self.g, c=self.g.o).native_array(self.x_zp, self.tile)
-
-    def _tiled(self, chan_row: torch.Tensor) -> torch.Tensor:
-        """The 7 per-channel parameter arrays, each repeated ``tile`` times (the kernel's row layout)."""
-        return chan_row.reshape(7, self.g.o).repeat(1, self.tile).reshape(-1).contiguous()
+        return replace(self.g, c=self.g.o).native_array(self.x_zp)
 
     def _torch_conv(self, p: PackedDirect, x: torch.Tensor) -> torch.Tensor:
         g = self.g
@@ -258,7 +253,7 @@ class DirectConv(_IntGemmOp):
             out = torch.empty(self.out_shape, dtype=torch.int32)
             chan = torch.zeros((7, self.g.o), dtype=torch.int64)
             chan[0] = p.bias_t  # only the offsets (the bias) are read without requantization
-            chan = self._tiled(chan)
+            chan = chan.reshape(-1)
             flags = self.ctx.native.dwconv(self._native_input(x), self._native_geometry(), p.weight, chan,
                                            torch.zeros(6, dtype=torch.int64), out, requant=False)
             if flags:
@@ -272,7 +267,7 @@ class DirectConv(_IntGemmOp):
     def _native_params(self, p: PackedDirect, params: RescaleParams, rescale_op: Op,
                        clamp: tuple[int, int] | None) -> tuple[Requantizer, torch.Tensor]:
         rq = Requantizer(params, 4, DType.INT32, rescale_op, None, offset=p.bias, acc_op=self.op, clamp=clamp)
-        return rq, self._tiled(rq.chan_row)
+        return rq, rq.chan_row.reshape(-1).contiguous()
 
     def with_requant(self, params: RescaleParams, rescale_op: Op, clamp: tuple[int, int] | None) -> Kernel:
         fused_native = params.out_dtype is DType.INT8 and (params.axis is None or params.axis == 3)

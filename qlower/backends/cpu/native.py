@@ -99,6 +99,10 @@ class NativeKernels:
         self._dwconv.argtypes, self._dwconv.restype = [p, p, p, p, p, p, i64], i64
         self._im2col = lib.qlw_im2col_i8
         self._im2col.argtypes, self._im2col.restype = [p, p, p], None
+        self._maxpool = lib.qlw_maxpool_i8
+        self._maxpool.argtypes, self._maxpool.restype = [p, p, p], None
+        self._quantize = lib.qlw_quantize_f32_i8
+        self._quantize.argtypes, self._quantize.restype = [p, i64, p, p], i64
         self._lut2 = lib.qlw_lut2_i8
         self._lut2.argtypes, self._lut2.restype = [p, p, i64, p, p], None
         self._qgemm = lib.qlw_qgemm_i8
@@ -126,6 +130,16 @@ class NativeKernels:
 
     def im2col(self, x: torch.Tensor, geometry: torch.Tensor, cols: torch.Tensor) -> None:
         self._im2col(_ptr(x), _ptr(geometry), _ptr(cols))
+
+    def maxpool(self, x: torch.Tensor, geometry: torch.Tensor, out: torch.Tensor) -> None:
+        """int8 NHWC max pooling, padding at int8's minimum; ``geometry``: N, H, W, C, KH, KW, SH, SW, PT, PL,
+        OH, OW (int64)."""
+        self._maxpool(_ptr(x), _ptr(geometry), _ptr(out))
+
+    def quantize(self, x: torch.Tensor, params: torch.Tensor, out: torch.Tensor) -> bool:
+        """float32 ``x`` to int8 ``out`` per tensor, ``params`` float32 (1/scale, zp, qmin, qmax); False when
+        a NaN was met."""
+        return self._quantize(_ptr(x), x.numel(), _ptr(params), _ptr(out)) == 0
 
     def qgemm(self, x: torch.Tensor, w: torch.Tensor, n: int, chan: torch.Tensor, scalars: torch.Tensor,
               out: torch.Tensor) -> None:

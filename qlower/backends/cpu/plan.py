@@ -12,6 +12,7 @@ Both are bit-exact with ``qlower.reference.run_graph`` for integer values.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -183,6 +184,21 @@ class CpuPlan:
         with self._threads():
             self._execute(self._steps, env, check_types=False)
         return [np.array(env[self._slot[v]].numpy(), copy=True) for v in self.graph.outputs]
+
+    def run_profiled(self, inputs: Sequence[np.ndarray]) -> list[tuple[str, float, float]]:
+        """Run the steps ``run`` executes, timing each: ``(label, wall seconds, process CPU seconds)``
+        per step in order, the label being its ops' kinds joined by '+' (e.g. ``conv2d+rescale+clamp``).
+        Process CPU time counts every thread of the process (OpenMP workers included)."""
+        self._check_float32()
+        env = self._start(inputs)
+        times = []
+        with self._threads():
+            for step in self._steps:
+                w0, c0 = time.perf_counter(), time.process_time()
+                self._execute([step], env, check_types=False)
+                times.append(("+".join(op.kind for op in step.ops), time.perf_counter() - w0,
+                              time.process_time() - c0))
+        return times
 
     def trace_names(self) -> dict[Value, str]:
         """The key of each value in ``run_traced``: its name, or ``name#k`` for the k-th repeat of a name."""

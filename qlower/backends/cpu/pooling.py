@@ -8,7 +8,8 @@ exact integer prefix sums of the zero-padded centered codes, along W then along 
 (int32 when the whole map's sum of |code - zp| fits, else int64), so a window
 costs the same whatever its size. Float average pooling adds the taps in float64
 in the order the reference defines (along W, then the row sums along H), so it is
-bit-identical; integer max pooling is a maximum over W then over H; float maxima (max pooling,
+bit-identical; integer max pooling is a maximum over W then over H (int8: the native
+kernel's maximum over the window's in-image taps, the same integers); float maxima (max pooling,
 reduce_max) run the reference's kernels, whose TOSA rules for NaN and for the
 sign of a zero depend on the taps' order; float reduce_sum uses NumPy's float64
 sum like the reference.
@@ -111,6 +112,16 @@ def _max_pool2d(op: Op, ctx: BuildContext) -> Kernel:
     if dtype.is_float:   # which zero a zero maximum is depends on the taps' order: the reference's kernel
         return by_reference(op)
     out_dtype = torch_dtype(dtype)
+    if ctx.native is not None and out_dtype == torch.int8:
+        (n, h, w, c), (kh, kw), (sh, sw), (pt, _, pl, _), (oh, ow) = geometry(op)
+        g = torch.tensor([n, h, w, c, kh, kw, sh, sw, pt, pl, oh, ow], dtype=torch.int64)
+        native = ctx.native
+
+        def run_native(x: torch.Tensor) -> torch.Tensor:
+            out = torch.empty(op.result.shape, dtype=torch.int8)
+            native.maxpool(x.contiguous(), g, out)
+            return out
+        return run_native
     return lambda x: _separable_max(x, op, dtype.min).to(out_dtype).contiguous()
 
 

@@ -211,6 +211,16 @@ def _quantize(op: Op, ctx: BuildContext) -> Kernel:
     zp = param_tensor(q.zero_point, channel_shape(rank, q.axis, len(q.zero_point)), np.float32)
     dtype = torch_dtype(q.dtype)
     wide = max(abs(q.qmin), abs(q.qmax)) > 2**24  # clip where the bounds are exact, as the reference
+    if ctx.native is not None and dtype == torch.int8 and len(q.scale) == 1 and len(q.zero_point) == 1:
+        params = torch.cat([inv.reshape(1), zp.reshape(1), torch.tensor([q.qmin, q.qmax], dtype=torch.float32)])
+        native = ctx.native
+
+        def run_native(x: torch.Tensor) -> torch.Tensor:  # the same float32 operations (_native.c)
+            out = torch.empty(op.result.shape, dtype=torch.int8)
+            if not native.quantize(x.to(torch.float32).contiguous(), params, out):
+                raise execution_error(op, "can't quantize NaN")
+            return out
+        return run_native
 
     def run(x: torch.Tensor) -> torch.Tensor:
         y = torch.round(x * inv) + zp
