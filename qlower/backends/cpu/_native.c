@@ -15,6 +15,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 #define FLAG_INT32 1   /* an int32 result (accumulator or sum) is out of range */
 #define FLAG_SCALE 2   /* a rescale input is outside [-h, h), h = min(2**(s-1), 2**31) */
@@ -72,8 +75,7 @@ static inline int64_t rescale_row_##TIN##_##TOUT(                               
 /* x holds n values; channel parameters repeat with period C (the caller may tile them, e.g. to
  * 256 lanes, so that the vector loop is long whatever the channel count); n % C values at the
  * end use the first n % C parameters, so C must be a multiple of the true channel count. */
-#define DEFINE_RESCALE(NAME, TIN, TOUT)                                                          \
-RESCALE_ROW(TIN, TOUT)                                                                           \
+#define DEFINE_RESCALE(NAME, TIN, TOUT, ROW)                                                     \
 int64_t NAME(const TIN *restrict x, int64_t n, int64_t C, const int64_t *restrict ch,            \
              const int64_t *restrict sc, TOUT *restrict y) {                                     \
     const int64_t check = sc[5] ? 1 : 0;                                                         \
@@ -101,8 +103,7 @@ int64_t NAME(const TIN *restrict x, int64_t n, int64_t C, const int64_t *restric
         _Pragma("omp parallel for reduction(|:flags) schedule(static)")                          \
         for (int64_t r = 0; r <= rows; r++) {                                                    \
             const int64_t len = r < rows ? C : tail;                                             \
-            flags |= rescale_row_##TIN##_##TOUT(x + r * C, y + r * C, len, off, zp, mu, sh, hf, rp, \
-                                                rn, check, o);                                   \
+            flags |= ROW(x + r * C, y + r * C, len, off, zp, mu, sh, hf, rp, rn, check, o);         \
         }                                                                                        \
     }                                                                                            \
     return flags;                                                                                \
@@ -112,15 +113,65 @@ typedef int8_t i8;
 typedef int16_t i16;
 typedef int32_t i32;
 
-DEFINE_RESCALE(qlw_rescale_i32_i8, i32, i8)
-DEFINE_RESCALE(qlw_rescale_i32_i16, i32, i16)
-DEFINE_RESCALE(qlw_rescale_i32_i32, i32, i32)
-DEFINE_RESCALE(qlw_rescale_i16_i8, i16, i8)
-DEFINE_RESCALE(qlw_rescale_i16_i16, i16, i16)
-DEFINE_RESCALE(qlw_rescale_i16_i32, i16, i32)
-DEFINE_RESCALE(qlw_rescale_i8_i8, i8, i8)
-DEFINE_RESCALE(qlw_rescale_i8_i16, i8, i16)
-DEFINE_RESCALE(qlw_rescale_i8_i32, i8, i32)
+RESCALE_ROW(i32, i8)
+RESCALE_ROW(i32, i16)
+RESCALE_ROW(i32, i32)
+RESCALE_ROW(i16, i8)
+RESCALE_ROW(i16, i16)
+RESCALE_ROW(i16, i32)
+RESCALE_ROW(i8, i8)
+RESCALE_ROW(i8, i16)
+RESCALE_ROW(i8, i32)
+
+/* rescale_row_i32_i8 (the requantization of every GEMM and depthwise accumulator), 8 channels per
+ * AVX-512 vector: the same int64 operations lane by lane (the product wraps like the uint64 one, vpmullq),
+ * the flags or-ed as masks; the last C % 8 channels take the scalar row. */
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+static inline int64_t rescale_row_fast_i32_i8(
+        const i32 *restrict x, i8 *restrict y, int64_t C, const int64_t *restrict off,
+        const int64_t *restrict zp, const int64_t *restrict mu, const int64_t *restrict sh,
+        const int64_t *restrict hf, const int64_t *restrict rp, const int64_t *restrict rn,
+        int64_t check, out_params o) {
+    const __m512i zero = _mm512_setzero_si512(), ozp = _mm512_set1_epi64(o.zp);
+    const __m512i lo1 = _mm512_set1_epi64(o.lo1), hi1 = _mm512_set1_epi64(o.hi1);
+    const __m512i lo2 = _mm512_set1_epi64(o.lo2), hi2 = _mm512_set1_epi64(o.hi2);
+    const __m512i imin = _mm512_set1_epi64(INT32_MIN), imax = _mm512_set1_epi64(INT32_MAX);
+    const __mmask8 check_mask = check ? 0xFF : 0;
+    __mmask8 bad32 = 0, bad_scale = 0;
+    int64_t c = 0;
+    for (; c + 8 <= C; c += 8) {
+        const __m512i v = _mm512_add_epi64(_mm512_cvtepi32_epi64(_mm256_loadu_si256((const __m256i *)(x + c))),
+                                           _mm512_loadu_si512(off + c));
+        bad32 |= (_mm512_cmplt_epi64_mask(v, imin) | _mm512_cmpgt_epi64_mask(v, imax)) & check_mask;
+        const __m512i u = _mm512_sub_epi64(v, _mm512_loadu_si512(zp + c)), h = _mm512_loadu_si512(hf + c);
+        bad_scale |= _mm512_cmplt_epi64_mask(u, _mm512_sub_epi64(zero, h)) | _mm512_cmpge_epi64_mask(u, h);
+        const __m512i rnd = _mm512_mask_blend_epi64(_mm512_cmplt_epi64_mask(u, zero), _mm512_loadu_si512(rp + c),
+                                                    _mm512_loadu_si512(rn + c));
+        __m512i t = _mm512_add_epi64(_mm512_mullo_epi64(u, _mm512_loadu_si512(mu + c)), rnd);
+        t = _mm512_add_epi64(_mm512_srav_epi64(t, _mm512_loadu_si512(sh + c)), ozp);
+        t = _mm512_min_epi64(_mm512_max_epi64(t, lo1), hi1);
+        t = _mm512_min_epi64(_mm512_max_epi64(t, lo2), hi2);
+        _mm_storel_epi64((__m128i *)(y + c), _mm512_cvtepi64_epi8(t));
+    }
+    int64_t f = (int64_t)(bad32 != 0) | ((int64_t)(bad_scale != 0) << 1);
+    if (c < C)
+        f |= rescale_row_i32_i8(x + c, y + c, C - c, off + c, zp + c, mu + c, sh + c, hf + c, rp + c, rn + c,
+                                check, o);
+    return f;
+}
+#else
+#define rescale_row_fast_i32_i8 rescale_row_i32_i8
+#endif
+
+DEFINE_RESCALE(qlw_rescale_i32_i8, i32, i8, rescale_row_fast_i32_i8)
+DEFINE_RESCALE(qlw_rescale_i32_i16, i32, i16, rescale_row_i32_i16)
+DEFINE_RESCALE(qlw_rescale_i32_i32, i32, i32, rescale_row_i32_i32)
+DEFINE_RESCALE(qlw_rescale_i16_i8, i16, i8, rescale_row_i16_i8)
+DEFINE_RESCALE(qlw_rescale_i16_i16, i16, i16, rescale_row_i16_i16)
+DEFINE_RESCALE(qlw_rescale_i16_i32, i16, i32, rescale_row_i16_i32)
+DEFINE_RESCALE(qlw_rescale_i8_i8, i8, i8, rescale_row_i8_i8)
+DEFINE_RESCALE(qlw_rescale_i8_i16, i8, i16, rescale_row_i8_i16)
+DEFINE_RESCALE(qlw_rescale_i8_i32, i8, i32, rescale_row_i8_i32)
 
 /* Quantized elementwise add/sub of two int8 tensors of the same shape:
  *   ra = rescale_a(a), rb = rescale_b(b)     (each to int32, clamped to its [qmin, qmax])
@@ -173,11 +224,12 @@ int64_t qlw_qadd_i8(const int8_t *restrict a, const int8_t *restrict b, int64_t 
  * g: N, H, W, C, KH, KW, SH, SW, DH, DW, PT, PL, OH, OW, x_zp (g[15] is unused).
  * w: [KH*KW][C] int32; ch: the 7 rescale parameter arrays (DEFINE_RESCALE), C entries each (only the
  * offsets are read when requant == 0).
- * Each output pixel is computed DW_BLOCK channels at a time, its accumulators in registers across the
- * taps: every in-image tap adds (x - x_zp) * w in int32; taps in the padding are skipped, i.e. they hold
- * the input zero point and contribute 0, as the reference's padded convolution. Each output is the
- * exact int32 sum of at most KH*KW products: the caller proves KH*KW*max|x - x_zp|*max|w| < 2**31.
- * Then, per output channel:
+ * Each output pixel is computed 32 channels at a time by dw_pairs_32 (AVX-512BW builds, w16 given), the
+ * rest DW_BLOCK channels at a time (dw_taps_*), the accumulators in registers across the taps: every
+ * in-image tap adds (x - x_zp) * w in int32; taps in the padding contribute 0 (skipped, or read from a row
+ * of x_zp codes), as the input zero point does in the reference's padded convolution. Each output is the
+ * exact int32 sum of at most KH*KW products: the caller proves max|x - x_zp| * sum|w| <= 2**31 - 1 for
+ * every channel (so every partial sum fits). Then, per output channel:
  *   requant != 0: y (int8) = rescale(sum + offset) with ch/sc as in DEFINE_RESCALE
  *   requant == 0: y (int32) = sum + offset[c], checked to fit int32.
  * Threads split the output rows (N*OH). */
@@ -189,12 +241,10 @@ typedef int32_t v16i32 __attribute__((vector_size(64)));
 /* 16 int8 codes sign-extended to int32 lanes (GCC 12 scalarizes __builtin_convertvector here: the
  * x86 conversions are spelled out). */
 #if defined(__AVX512F__)
-#include <immintrin.h>
 static inline v16i32 load16_i8(const int8_t *p) {
     return (v16i32)_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
 }
 #elif defined(__AVX2__)
-#include <immintrin.h>
 static inline v16i32 load16_i8(const int8_t *p) {
     const __m128i b = _mm_loadu_si128((const __m128i *)p);
     v16i32 v;
@@ -250,8 +300,56 @@ DW_TAPS(dw_taps_4, 4)
 DW_TAPS(dw_taps_1, 1)
 DW_TAPS(dw_taps_any, 0)
 
+/* The accumulators plus their offsets as int32 (requant == 0), checked to fit. */
+static inline int64_t dw_store_i32(const int32_t *restrict acc, int32_t *restrict y, int64_t len,
+                                   const int64_t *restrict off) {
+    int64_t f = 0;
+    for (int64_t j = 0; j < len; j++) {
+        const int64_t v = (int64_t)acc[j] + off[j];
+        f |= int32_flag(v);
+        y[j] = (int32_t)v;
+    }
+    return f;
+}
+
+/* 32 channels [c0, c0 + 32) of one output pixel with AVX-512BW's vpmaddwd: the taps taken in pairs (a, b),
+ * their codes sign-extended to int16 and centered (|x - x_zp| <= 255), interleaved channel by channel
+ * (unpacklo/hi within each 128-bit lane) and multiplied with the weights packed the same way (w16: for each
+ * pair, 32 int16 of the low halves then 32 of the high halves, see conv.py); vpmaddwd adds the pair's two
+ * products in int32 (each at most 255 * 32767 in magnitude: exact), and the pair sums are added in int32
+ * (exact by the caller's bound on every partial sum). tp[t]: the input pixel of tap t, or a row of x_zp
+ * codes for taps in the padding (they contribute 0); an odd tap count is padded with a zero-weight tap. */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define DW_PAIRS 1
+static inline void dw_pairs_32(const int8_t *const *restrict tp, int64_t c0, const int16_t *restrict w16,
+                               int64_t P, __m512i zx16, int32_t *restrict acc) {
+    __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+    for (int64_t p = 0; p < P; p++) {
+        const __m512i a = _mm512_sub_epi16(_mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tp[2 * p] + c0))),
+                                           zx16);
+        const __m512i b = _mm512_sub_epi16(
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(tp[2 * p + 1] + c0))), zx16);
+        lo = _mm512_add_epi32(lo, _mm512_madd_epi16(_mm512_unpacklo_epi16(a, b), _mm512_loadu_si512(w16 + p * 64)));
+        hi = _mm512_add_epi32(hi, _mm512_madd_epi16(_mm512_unpackhi_epi16(a, b),
+                                                    _mm512_loadu_si512(w16 + p * 64 + 32)));
+    }
+    /* lo's lane 4l + j holds channel 8l + j, hi's channel 8l + 4 + j (l < 4, j < 4): back to channel order */
+    const __m512i first = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i second = _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
+    _mm512_storeu_si512(acc, _mm512_permutex2var_epi32(lo, first, hi));
+    _mm512_storeu_si512(acc + 16, _mm512_permutex2var_epi32(lo, second, hi));
+}
+#else
+#define DW_PAIRS 0
+#endif
+
+int64_t qlw_dwconv_has_pairs(void) { return DW_PAIRS; }
+
+/* w16: NULL, or the weights of the first C / 32 * 32 channels for dw_pairs_32: [C / 32][P][2][32] int16,
+ * P = ceil(KH*KW / 2) (used only when qlw_dwconv_has_pairs()). */
 int64_t qlw_dwconv_i8(const int8_t *restrict x, const int64_t *restrict g, const int32_t *restrict w,
-                      const int64_t *restrict ch, const int64_t *restrict sc, void *restrict y, int64_t requant) {
+                      const int16_t *restrict w16, const int64_t *restrict ch, const int64_t *restrict sc,
+                      void *restrict y, int64_t requant) {
     const int64_t N = g[0], H = g[1], W = g[2], C = g[3], KH = g[4], KW = g[5], SH = g[6], SW = g[7];
     const int64_t DH = g[8], DW = g[9], PT = g[10], PL = g[11], OH = g[12], OW = g[13];
     const int32_t zx = (int32_t)g[14];
@@ -259,48 +357,71 @@ int64_t qlw_dwconv_i8(const int8_t *restrict x, const int64_t *restrict g, const
     const int64_t *restrict sh = ch + 3 * C, *restrict hf = ch + 4 * C, *restrict rp = ch + 5 * C;
     const int64_t *restrict rn = ch + 6 * C;
     const out_params op = load_out(sc);
+    const int64_t T = KH * KW, P = (T + 1) / 2, C32 = (DW_PAIRS && w16 != NULL) ? C / 32 * 32 : 0;
     int64_t flags = 0;
-    _Pragma("omp parallel for reduction(|:flags) schedule(static)")
-    for (int64_t row = 0; row < N * OH; row++) {
-        const int64_t n = row / OH, oh = row % OH;
-        const int8_t *restrict xn = x + n * H * W * C;
-        int32_t acc[DW_BLOCK];
+    _Pragma("omp parallel reduction(|:flags)")
+    {
+        int8_t *zrow = (int8_t *)malloc((size_t)C);
+        const int8_t **tp = (const int8_t **)malloc(sizeof(int8_t *) * (size_t)(2 * P));
         int64_t f = 0;
-        const int64_t iy0 = oh * SH - PT;
-        int64_t ky0 = 0, ky1 = KH;   /* the kernel rows inside the image: 0 <= iy0 + ky * DH < H */
-        while (ky0 < KH && iy0 + ky0 * DH < 0) ky0++;
-        while (ky1 > ky0 && iy0 + (ky1 - 1) * DH >= H) ky1--;
-        for (int64_t ow = 0; ow < OW; ow++) {
-            const int64_t o = (row * OW + ow) * C, ix0 = ow * SW - PL;
-            int64_t kx0 = 0, kx1 = KW;
-            while (kx0 < KW && ix0 + kx0 * DW < 0) kx0++;
-            while (kx1 > kx0 && ix0 + (kx1 - 1) * DW >= W) kx1--;
-            for (int64_t c0 = 0; c0 < C; c0 += DW_BLOCK) {
-                int64_t len = C - c0 < DW_BLOCK ? C - c0 : DW_BLOCK;
-                if (len == DW_BLOCK) {
-                    dw_taps_4(xn + c0, w + c0, acc, len, C, W, iy0, ix0, ky0, ky1, kx0, kx1, KW, DH, DW, zx);
-                } else {
-                    int64_t done = 0;
-                    for (; done + 16 <= len; done += 16)
-                        dw_taps_1(xn + c0 + done, w + c0 + done, acc + done, 16, C, W, iy0, ix0, ky0, ky1, kx0,
-                                  kx1, KW, DH, DW, zx);
-                    if (done < len)
-                        dw_taps_any(xn + c0 + done, w + c0 + done, acc + done, len - done, C, W, iy0, ix0, ky0,
-                                    ky1, kx0, kx1, KW, DH, DW, zx);
-                }
-                if (requant) {
-                    f |= rescale_row_i32_i8(acc, (int8_t *)y + o + c0, len, off + c0, zp + c0, mu + c0, sh + c0,
-                                            hf + c0, rp + c0, rn + c0, 1, op);
-                } else {
-                    int32_t *restrict yp = (int32_t *)y + o + c0;
-                    for (int64_t j = 0; j < len; j++) {
-                        const int64_t v = (int64_t)acc[j] + off[c0 + j];
-                        f |= int32_flag(v);
-                        yp[j] = (int32_t)v;
+        for (int64_t c = 0; c < C; c++) zrow[c] = (int8_t)zx;
+        _Pragma("omp for schedule(static)")
+        for (int64_t row = 0; row < N * OH; row++) {
+            const int64_t n = row / OH, oh = row % OH;
+            const int8_t *restrict xn = x + n * H * W * C;
+            int32_t acc[DW_BLOCK];
+            const int64_t iy0 = oh * SH - PT;
+            int64_t ky0 = 0, ky1 = KH;   /* the kernel rows inside the image: 0 <= iy0 + ky * DH < H */
+            while (ky0 < KH && iy0 + ky0 * DH < 0) ky0++;
+            while (ky1 > ky0 && iy0 + (ky1 - 1) * DH >= H) ky1--;
+            for (int64_t ow = 0; ow < OW; ow++) {
+                const int64_t o = (row * OW + ow) * C, ix0 = ow * SW - PL;
+                int64_t kx0 = 0, kx1 = KW;
+                while (kx0 < KW && ix0 + kx0 * DW < 0) kx0++;
+                while (kx1 > kx0 && ix0 + (kx1 - 1) * DW >= W) kx1--;
+                int64_t c0 = 0;
+#if DW_PAIRS
+                if (C32) {
+                    for (int64_t ky = 0; ky < KH; ky++)
+                        for (int64_t kx = 0; kx < KW; kx++) {
+                            const int in = ky >= ky0 && ky < ky1 && kx >= kx0 && kx < kx1;
+                            tp[ky * KW + kx] = in ? xn + ((iy0 + ky * DH) * W + ix0 + kx * DW) * C : zrow;
+                        }
+                    if (T % 2) tp[T] = zrow;
+                    const __m512i zx16 = _mm512_set1_epi16((int16_t)zx);
+                    for (; c0 < C32; c0 += 32) {
+                        dw_pairs_32(tp, c0, w16 + c0 / 32 * P * 64, P, zx16, acc);
+                        if (requant)
+                            f |= rescale_row_fast_i32_i8(acc, (int8_t *)y + o + c0, 32, off + c0, zp + c0, mu + c0,
+                                                         sh + c0, hf + c0, rp + c0, rn + c0, 1, op);
+                        else
+                            f |= dw_store_i32(acc, (int32_t *)y + o + c0, 32, off + c0);
                     }
+                }
+#endif
+                for (; c0 < C; c0 += DW_BLOCK) {
+                    const int64_t len = C - c0 < DW_BLOCK ? C - c0 : DW_BLOCK;
+                    if (len == DW_BLOCK) {
+                        dw_taps_4(xn + c0, w + c0, acc, len, C, W, iy0, ix0, ky0, ky1, kx0, kx1, KW, DH, DW, zx);
+                    } else {
+                        int64_t done = 0;
+                        for (; done + 16 <= len; done += 16)
+                            dw_taps_1(xn + c0 + done, w + c0 + done, acc + done, 16, C, W, iy0, ix0, ky0, ky1, kx0,
+                                      kx1, KW, DH, DW, zx);
+                        if (done < len)
+                            dw_taps_any(xn + c0 + done, w + c0 + done, acc + done, len - done, C, W, iy0, ix0,
+                                        ky0, ky1, kx0, kx1, KW, DH, DW, zx);
+                    }
+                    if (requant)
+                        f |= rescale_row_fast_i32_i8(acc, (int8_t *)y + o + c0, len, off + c0, zp + c0, mu + c0,
+                                                     sh + c0, hf + c0, rp + c0, rn + c0, 1, op);
+                    else
+                        f |= dw_store_i32(acc, (int32_t *)y + o + c0, len, off + c0);
                 }
             }
         }
+        free(zrow);
+        free(tp);
         flags |= f;
     }
     return flags;
@@ -420,8 +541,6 @@ void qlw_lut2_i8(const int8_t *restrict a, const int8_t *restrict b, int64_t n, 
  * y = clamp(clamp(((acc * mult + rnd) >> shift) + out_zp, lo1, hi1), lo2, hi2), rnd by acc's sign, as
  * DEFINE_RESCALE computes. qlw_has_qgemm() says whether this build has it (an AVX-512 VNNI CPU). */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#include <immintrin.h>
-#include <string.h>
 
 static inline __m512i load_x4(const int8_t *p, int64_t k, int64_t K) {
     int32_t word;

@@ -181,6 +181,24 @@ class PackedDirect:
     bias: np.ndarray               # int64 [O]
     bias_t: torch.Tensor           # int64 [O]
     acc_bound: int
+    weight16: torch.Tensor | None = None   # native: the tap-pair packing (pair_weights) or None
+
+
+def pair_weights(taps: np.ndarray) -> np.ndarray | None:
+    """The native depthwise kernel's int16 packing of centered weights ``taps`` [T, O] for its first
+    O // 32 * 32 channels (_native.c, dw_pairs_32), or None when there are none or a weight doesn't fit int16.
+
+    Taps go in pairs (an odd count gets a zero tap); for each block of 32 channels and pair (a, b), 32 int16
+    for the low and 32 for the high halves of the 128-bit lanes: position 8l + 2j (+1) holds tap a's (b's)
+    weight of channel 8l + j (low) or 8l + 4 + j (high), l, j < 4, as vpunpck{l,h}wd interleaves the codes."""
+    t, o = taps.shape
+    nb, p = o // 32, -(-t // 2)
+    if nb == 0 or np.abs(taps).max(initial=0) > 32767:
+        return None
+    padded = np.zeros((2 * p, nb * 32), np.int16)
+    padded[:t] = taps[:, :nb * 32]
+    # [pair, ab, block, l, half, j] -> [block, pair, half, l, j, ab]
+    return np.ascontiguousarray(padded.reshape(p, 2, nb, 4, 2, 4).transpose(2, 0, 4, 3, 5, 1))
 
 
 class DirectConv(_IntGemmOp):
@@ -198,7 +216,7 @@ class DirectConv(_IntGemmOp):
             return build()
         key = weights_cache.make_key("conv2d-direct", w, self.w_quant, b, self.b_quant, x_dtype=self.x_dtype.value,
                                      x_zp=self.x_zp, groups=self.g.groups, engine=self.ctx.gemm_engine or "auto",
-                                     native=self.ctx.native is not None, layout="taps-by-channel",
+                                     native=self.ctx.native is not None, layout="taps-by-channel+pairs",
                                      f32_ieee=gemm.float32_is_ieee())
         return weights_cache.get_or_pack(key, build)
 
@@ -214,18 +232,22 @@ class DirectConv(_IntGemmOp):
             raise UnsupportedOpError(f"conv2d %{self.op.result.name}: sums of up to {amax * l1} can't be "
                                      "computed exactly (more than 2**53)")
         forced = self.ctx.gemm_engine
+        weight16 = None
         native_ok = (self.ctx.native is not None and g.depthwise and self.x_dtype is DType.INT8
                      and amax * l1 <= INT32_MAX and forced in (None, "int8"))
         if native_ok:
             taps = wc.reshape(g.o, g.kh * g.kw).T.astype(np.int32)  # [KH*KW, O]
             weight = torch.from_numpy(np.ascontiguousarray(taps))
+            # the pair path reads padding taps from a row of x_zp codes and centers in int16: int8 zero points
+            pairs = pair_weights(taps) if self.ctx.native.dwconv_pairs and -128 <= self.x_zp <= 127 else None
+            weight16 = None if pairs is None else torch.from_numpy(pairs)
             mode = "native"
         else:
             f32 = amax * l1 <= gemm.F32_EXACT and forced != "float64" and gemm.float32_is_ieee()
             dtype = np.float32 if f32 else np.float64
             weight = torch.from_numpy(np.ascontiguousarray(wc.transpose(0, 3, 1, 2).astype(dtype)))
             mode = "float32" if f32 else "float64"
-        return PackedDirect(mode, weight, bias, torch.from_numpy(bias.copy()), acc_bound)
+        return PackedDirect(mode, weight, bias, torch.from_numpy(bias.copy()), acc_bound, weight16)
 
     def _native_input(self, x: torch.Tensor) -> torch.Tensor:
         x = x.contiguous()
@@ -254,7 +276,7 @@ class DirectConv(_IntGemmOp):
             chan = torch.zeros((7, self.g.o), dtype=torch.int64)
             chan[0] = p.bias_t  # only the offsets (the bias) are read without requantization
             chan = chan.reshape(-1)
-            flags = self.ctx.native.dwconv(self._native_input(x), self._native_geometry(), p.weight, chan,
+            flags = self.ctx.native.dwconv(self._native_input(x), self._native_geometry(), p.weight, p.weight16, chan,
                                            torch.zeros(6, dtype=torch.int64), out, requant=False)
             if flags:
                 raise execution_error(self.op, "overflows int32 (accumulator out of range)")
@@ -282,8 +304,8 @@ class DirectConv(_IntGemmOp):
             if p.mode == "native" and fused_native:
                 rq, chan = rq_static if p is self.packed else self._native_params(p, params, rescale_op, clamp)
                 out = torch.empty(self.out_shape, dtype=torch.int8)
-                flags = self.ctx.native.dwconv(self._native_input(x), geometry, p.weight, chan, rq.scalars, out,
-                                               requant=True)
+                flags = self.ctx.native.dwconv(self._native_input(x), geometry, p.weight, p.weight16, chan,
+                                               rq.scalars, out, requant=True)
                 if flags:
                     rq._raise(flags)
                 return out

@@ -96,7 +96,9 @@ class NativeKernels:
         self._qadd = lib.qlw_qadd_i8
         self._qadd.argtypes, self._qadd.restype = [p, p, i64, p, p], i64
         self._dwconv = lib.qlw_dwconv_i8
-        self._dwconv.argtypes, self._dwconv.restype = [p, p, p, p, p, p, i64], i64
+        self._dwconv.argtypes, self._dwconv.restype = [p, p, p, p, p, p, p, i64], i64
+        lib.qlw_dwconv_has_pairs.restype = i64
+        self.dwconv_pairs = lib.qlw_dwconv_has_pairs() == 1  # the int16 tap-pair path (AVX-512BW builds)
         self._im2col = lib.qlw_im2col_i8
         self._im2col.argtypes, self._im2col.restype = [p, p, p], None
         self._maxpool = lib.qlw_maxpool_i8
@@ -124,9 +126,11 @@ class NativeKernels:
     def qadd(self, a: torch.Tensor, b: torch.Tensor, params: torch.Tensor, out: torch.Tensor) -> int:
         return self._qadd(_ptr(a), _ptr(b), a.numel(), _ptr(params), _ptr(out))
 
-    def dwconv(self, x: torch.Tensor, geometry: torch.Tensor, w: torch.Tensor, chan: torch.Tensor,
-               scalars: torch.Tensor, out: torch.Tensor, requant: bool) -> int:
-        return self._dwconv(_ptr(x), _ptr(geometry), _ptr(w), _ptr(chan), _ptr(scalars), _ptr(out), int(requant))
+    def dwconv(self, x: torch.Tensor, geometry: torch.Tensor, w: torch.Tensor, w16: torch.Tensor | None,
+               chan: torch.Tensor, scalars: torch.Tensor, out: torch.Tensor, requant: bool) -> int:
+        """Depthwise conv (+ requantization); ``w16``: the tap-pair packing of conv.py, or None."""
+        return self._dwconv(_ptr(x), _ptr(geometry), _ptr(w), None if w16 is None else _ptr(w16), _ptr(chan),
+                            _ptr(scalars), _ptr(out), int(requant))
 
     def im2col(self, x: torch.Tensor, geometry: torch.Tensor, cols: torch.Tensor) -> None:
         self._im2col(_ptr(x), _ptr(geometry), _ptr(cols))
