@@ -25,6 +25,7 @@ from tqdm.auto import tqdm
 
 from qlower.errors import ConfigError, InputError, QlowerError, UnsupportedOpError
 from qlower.frontend.batch_norm_fold import fold_batch_norms
+from qlower.frontend.bias_rounding import round_biases
 from qlower.frontend.config import QuantConfig
 from qlower.frontend.constant_fold import fold_constant_subgraphs
 from qlower.frontend.decompose import decompose_unruled
@@ -308,6 +309,7 @@ def _quantize(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Q
             converted = convert_pt2e(prepared, fold_quantize=fold_weights and not fast_paths)
             if fold_weights and fast_paths:
                 fold_constant_quantize(converted)
+            round_biases(converted)  # the int32 biases deployment adds (bias_rounding.py)
         bar.update()
         lap("convert")
         bar.set_description("quantized")

@@ -23,6 +23,7 @@ from torch import nn
 from torch.fx import GraphModule, Node
 
 from qlower.errors import ConfigError, InputError, UnsupportedOpError
+from qlower.frontend.bias_rounding import round_biases
 from qlower.frontend.constants import attribute_tensor
 from qlower.frontend.source import describe_node
 
@@ -348,6 +349,7 @@ def import_prequantized(model: GraphModule, example_inputs: Sequence[torch.Tenso
                                  f"{type(e).__name__}: {str(e)[:2000]}") from e
     converted = _static(converted, example_inputs)
     check_quantization(converted, target)
+    round_biases(converted)  # the fake-quant model adds the int32 biases deployment adds (bias_rounding.py)
     imported = import_graph(converted, name=getattr(model, "qlower_name", type(model).__name__),
                             fallback=quant.fallback)
     graph = imported.graph
