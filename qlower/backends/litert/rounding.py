@@ -26,6 +26,44 @@ fused rescales *before* partitioning, so they are what the program means: the
 reference interpreter computes them, and the exported model is bit-exact with
 it under the chosen kernels. Each rounding is within one step of the exact
 product, so fake-quant agreement is unchanged in kind.
+
+XNNPACK on x86-64 is measured (tests/test_litert_xnnpack.py: the AVX-512 and AMX
+kernels LiteRT 2.3 picks here). On Arm64 it is read from XNNPACK's source (its
+2026 tree: src/configs, the microkernels and src/operators), not run:
+
+- GEMMs (CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED): per-channel weights run
+  the ``qs8_qc8w`` kernels, and so do per-tensor weights (XNNPACK's ``qs8``
+  convolution takes the same configuration, one scale for every channel). Every
+  Arm64 variant, whatever the core offers (NEON ``mlal``, ``neondot``,
+  ``neoni8mm``, the Cortex-tuned assembly, depthwise ``neonv8_mla8``),
+  requantizes with the ``neonv8`` fp32 parameters: SCVTF (int32 to float32,
+  to nearest even), FMUL by the float32 scale, FCVTNS (to nearest even,
+  saturating), SQXTN to int16, SQADD of the zero point, SQXTN to int8,
+  SMAX/SMIN. That is ``fp32`` here: saturating at int16 before the zero point
+  can't move a code the final clamp keeps. (32-bit ARMv7 cores without v8 add
+  a magic bias instead of FCVTNS, which rounds the same wherever the result
+  isn't clamped.)
+- The exception: with KleidiAI on cores with SME or SME2, XNNPACK runs these
+  GEMMs on KleidiAI's ``qai8`` SME kernels: SCVTF, FMUL, FRINTN, FCVTZS, then a
+  plain (wrapping) int32 add of the zero point and SCLAMP. The same codes,
+  except where ``|acc * scale|`` reaches ``2**31 - |zp|`` (a code far beyond
+  int8 either way): FCVTZS saturates and the add can wrap to the other end.
+- ``rndnu`` (integer rounding-doubling requantization) is what XNNPACK's
+  *uint8* GEMMs use on Arm; qlower writes int8 only, so it never runs.
+- ADD (``qs8-vadd`` NEON): VSUBL, 32-bit multiply-accumulate by the integer
+  multipliers, VRSHL (adds half, then shifts), saturating narrow and zero
+  point: xnnpack_add.py's integer expression, as on x86.
+- QUANTIZE (``f32-qs8-vcvt`` ``neonv8``: FMUL, FCVTNS, saturating narrow)
+  and DEQUANTIZE (exact int to float, one FMUL): the same as on x86.
+- MEAN is the one not guaranteed. Its sum is exact, but the conversion
+  ``float(sum) * scale + zp`` (src/reference/unary-elementwise.cc) and the
+  zero point ``zp_out - (N * zp_in) * scale`` (src/operators/reduce-nd.c) are
+  portable C/C++. An Arm64 compiler may contract either into one fused
+  multiply-add, which rounds once where xnnpack_mean.py rounds twice. XNNPACK's
+  own CMake and .bazelrc builds pass ``-ffp-contract=off``, but a Bazel build
+  from another workspace (LiteRT's) gets that flag only on the scalar
+  microkernels. Then a mean's code can differ by one where the product lands
+  within an ulp of a half: check such a program on the device.
 """
 
 from __future__ import annotations
