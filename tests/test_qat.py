@@ -10,7 +10,7 @@ from torch import nn
 
 import qlower
 from qlower.errors import ConfigError
-from qlower.frontend.qat import fuse_conv_bn
+from qlower.frontend.qat import freeze_batch_norms, freeze_ranges, fuse_conv_bn
 from qlower.reference import run_graph
 
 
@@ -85,3 +85,27 @@ def test_trained_qat_model_compiles_bit_exact_with_its_learned_scales(quant):
 def test_prepare_qat_refuses_dynamic_quantization():
     with pytest.raises(ConfigError, match="static"):
         qlower.prepare_qat(_model(), (torch.randn(1, 3, 8, 8),), qlower.QuantConfig(mode="dynamic"))
+
+
+def test_frozen_batch_norms_train_on_running_statistics_as_deployment_folds():
+    x = torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+
+    def prepared():
+        qat = freeze_ranges(qlower.prepare_qat(_model(), (x[:1],), qlower.QuantConfig(), calibration=[(x,)]))
+        qat.eval()
+        with torch.no_grad():
+            return qat, qat(x)
+
+    qat, expected = prepared()
+    qat.train()
+    with torch.no_grad():
+        assert not torch.allclose(qat(x), expected, atol=1e-4)  # batch statistics: another function
+    qat, expected = prepared()
+    stats = {k: b.clone() for k, b in qat.named_buffers() if "running" in k}
+    assert len(stats) == 4
+    freeze_batch_norms(qat)
+    qat.train()  # stays frozen through train()
+    out = qat(x)
+    torch.testing.assert_close(out, expected)
+    out.sum().backward()  # a training step's forward leaves the running statistics alone
+    assert all(torch.equal(b, dict(qat.named_buffers())[k]) for k, b in stats.items())

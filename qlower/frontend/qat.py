@@ -245,17 +245,18 @@ def _tensor(gm: GraphModule, node: object) -> torch.Tensor | None:
 
 
 def set_training(gm: GraphModule, mode: bool = True) -> GraphModule:
-    """Switch the exported graph's batch norms (batch or running statistics) and dropouts, and the
-    fake-quants' range observation (on in training unless ``freeze_ranges`` was called; off in eval, so
-    evaluating doesn't move the ranges): what ``.train()`` / ``.eval()`` do on a ``prepare_qat`` model."""
+    """Switch the exported graph's batch norms (batch statistics in training unless
+    ``freeze_batch_norms`` was called, else running statistics) and dropouts, and the fake-quants' range
+    observation (on in training unless ``freeze_ranges`` was called; off in eval, so evaluating doesn't
+    move the ranges): what ``.train()`` / ``.eval()`` do on a ``prepare_qat`` model."""
     from torchao.quantization.pt2e.fake_quantize import disable_observer, enable_observer
 
-    changed = False
+    changed, frozen_bn = False, getattr(gm, "qlower_frozen_bn", False)
     for n in gm.graph.nodes:
         if n.op != "call_function":
             continue
-        if n.target == aten.batch_norm.default and n.args[5] != mode:
-            n.args = (*n.args[:5], mode, *n.args[6:])
+        if n.target == aten.batch_norm.default and n.args[5] != (batch_stats := mode and not frozen_bn):
+            n.args = (*n.args[:5], batch_stats, *n.args[6:])
             changed = True
         elif n.target in (aten.dropout.default, aten.feature_dropout.default) and n.args[2] != mode:
             n.args = (*n.args[:2], mode, *n.args[3:])
@@ -371,3 +372,12 @@ def freeze_ranges(model: GraphModule) -> GraphModule:
     model.qlower_frozen = True
     model.apply(disable_observer)
     return model
+
+
+def freeze_batch_norms(model: GraphModule) -> GraphModule:
+    """Make the batch norms of a ``prepare_qat`` model normalise with their running statistics, also
+    through later ``.train()`` calls, and stop updating them: training then sees the conv folded exactly
+    as deployment folds it (``fold_conv_bn``), and batch noise no longer moves the statistics the fold
+    uses. Usual after the first steps of fine-tuning a trained model (its statistics are already right)."""
+    model.qlower_frozen_bn = True
+    return set_training(model, model.training)
