@@ -28,7 +28,8 @@ masked scores scaled by positive numbers, what ``scaled_dot_product_attention`` 
 too: softmax reads the codes of ``x`` and a bool "kept" condition, not the fill no code can hold (the
 quantizer never observes it). A positive factor applied after the mask scales the exponentials' table
 (``exp(d·s·factor)``): the codes are the same, the scores are ``s·factor`` apart. Masked entries take
-the lowest code (so they never win the maximum) and their exponentials are zeroed before the sum;
+the lowest code (so they never win the maximum) and their exponentials are zeroed before the sum, both
+by a ``minimum`` with a cap computed from the mask (``_mask_caps``: no bool op on the scores' path);
 exp(x - 1e30 - max) is 0 in float32, so the result is the same softmax over the kept entries with the
 same bound. A row with every entry masked is uniform: PyTorch gives NaN for -inf fills and uniform for
 finite ones (``finfo.min``); qlower rewrites fills below -1e30 to -1e30 before calibration
@@ -75,21 +76,40 @@ def exponentials(ctx: ImportContext, x: Ref, axis: int, keep: Value | None = Non
         # probabilities are whole int16 output steps; it runs in float until a wider recipe lands
         raise ctx.unsupported("softmax of int16 codes: the integer recipe is built for int8 ranges")
     v = ctx.value_in(x)
+    e_spec = QuantSpec.per_tensor(2.0**-EXP_BITS, 0, DType.INT32)
     if keep is not None:
-        lowest = ctx.constant(np.full((1,) * x.rank, spec.qmin, spec.dtype.numpy), spec)
-        v = ctx.emit("select", keep, v, lowest, perm=perm)
+        score_cap, exp_cap = _mask_caps(ctx, keep, spec, e_spec, perm)
+        v = ctx.emit("minimum", v, score_cap, perm=perm)
     centered = QuantSpec.per_tensor(s, 0, DType.INT32)
     m = ctx.emit("reduce_max", v, perm=perm, axis=axis)
     d = ctx.emit("sub", ctx.rescale(v, centered, perm), ctx.rescale(m, centered, perm), perm=perm)
     d16 = ctx.rescale(d, QuantSpec.per_tensor(s, 0, DType.INT16, -span, 0), perm)
-    e = ctx.emit("table", d16, perm=perm, table=exp_table(s * factor, span), offset=span,
-                 out=QuantSpec.per_tensor(2.0**-EXP_BITS, 0, DType.INT32))
+    e = ctx.emit("table", d16, perm=perm, table=exp_table(s * factor, span), offset=span, out=e_spec)
     if keep is not None:  # zero the masked exponentials; a row with nothing kept keeps them all (uniform)
-        zero = ctx.constant(np.zeros((1,) * x.rank, np.int32), e.quant)
-        kept = ctx.emit("select", keep, e, zero, perm=perm)
-        none = ctx.emit("equal", ctx.emit("reduce_sum", kept, perm=perm, axis=axis), zero, perm=perm)
-        e = ctx.emit("select", ctx.emit("logical_or", keep, none, perm=perm), e, zero, perm=perm)
+        kept = ctx.emit("minimum", e, exp_cap, perm=perm)
+        # a row with an entry kept sums to 2**EXP_BITS at least (its largest kept code is the row's maximum,
+        # or every code is the lowest): ``any`` is 2**EXP_BITS there, 0 in a row with nothing kept, and
+        # ``e - any`` <= 0 <= kept there, so the maximum is ``kept`` where anything is kept and ``e`` elsewhere
+        total = ctx.emit("reduce_sum", kept, perm=perm, axis=axis)
+        any_kept = ctx.emit("clamp", total, perm=perm, min=0, max=2**EXP_BITS)
+        e = ctx.emit("maximum", kept, ctx.emit("sub", e, any_kept, perm=perm), perm=perm)
     return d, e, ctx.emit("reduce_sum", e, perm=perm, axis=axis)
+
+
+def _mask_caps(ctx: ImportContext, keep: Value, spec: QuantSpec, e_spec: QuantSpec, perm
+               ) -> tuple[Value, Value]:
+    """The bool ``keep`` as two integer caps, so the scores' path holds no bool op (Ethos-U55 and VGF run
+    none): the scores' codes capped at ``qmax`` where kept and ``qmin`` elsewhere (masked entries take the
+    lowest code, so they never win the maximum), the exponentials at ``2**EXP_BITS`` (exp(0), the table's
+    largest value) where kept and 0 elsewhere. A minimum with a cap is the select it replaces, exactly.
+    Both depend on the mask alone, so where a target takes no bool they run on the host before any
+    partition (the mask comes from the model's inputs), instead of splitting the attention."""
+    rank = len(perm)
+
+    def full(value: int, q: QuantSpec) -> Value:
+        return ctx.constant(np.full((1,) * rank, value, q.dtype.numpy), q)
+    return (ctx.emit("select", keep, full(spec.qmax, spec), full(spec.qmin, spec), perm=perm),
+            ctx.emit("select", keep, full(2**EXP_BITS, e_spec), full(0, e_spec), perm=perm))
 
 
 def _kept(ctx: ImportContext, keep: Keep, perm) -> Value | None:
