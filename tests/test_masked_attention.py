@@ -184,3 +184,58 @@ def test_mask_cast_and_constant_indices_are_integer():
     np.testing.assert_array_equal(run, want[0])     # bools: exact (nonzero ints are True, -2 too)
     step = 2.0 * (x.max() - x.min()).item() / 255
     assert np.abs(picked - want[1]).max() <= 1.01 * step
+
+
+class ShapedMasks(nn.Module):
+    """Mask terms reshaped before they meet the scores (a slice, unsqueeze + expand), and
+    ``scaled_dot_product_attention`` with a float mask (its decomposition guards the mask with
+    ``where(any(mask != -inf), mask, 0)``), ``finfo.min`` and ``-inf`` fills."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        with torch.no_grad():
+            self.q.weight.mul_(3.0)
+
+    def forward(self, x, keep):   # keep: [6, 8], the scores [1, 6, 6]
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        s = q @ k.transpose(-1, -2)
+        sliced = torch.where(keep, 0.0, MIN)[:, :6]
+        row = torch.where(keep[0], 0.0, MIN)[:6][None, None].expand(1, 6, 6)
+        inf = torch.zeros(6, 8).masked_fill(~keep, float("-inf"))[:, :6]
+        heads = [t.unsqueeze(1) for t in (q, k, v)]
+        return ((s + sliced).softmax(-1), (s + row).softmax(-1),
+                nn.functional.scaled_dot_product_attention(*heads, attn_mask=sliced),
+                nn.functional.scaled_dot_product_attention(*heads, attn_mask=inf))
+
+
+def _shaped_inputs(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.rand(6, 8, generator=g) > 0.4
+    keep[:, 0] = True
+    keep[3, :6] = False   # a row masked everywhere: uniform
+    return torch.randn(1, 6, 16, generator=g), keep
+
+
+def test_shaped_masks_and_sdpa_float_masks_integer():
+    torch.manual_seed(0)
+    model = ShapedMasks().eval()
+    compiled = qlower.compile(model, _shaped_inputs(0), target="reference",
+                              calibration=[_shaped_inputs(i) for i in range(2)], progress=False)
+    ops = compiled.source.count_ops()
+    assert "aten" not in ops and "softmax" not in ops and ops["table"] == 4, ops
+    inputs = _shaped_inputs(7)
+    want = _float(model, inputs)
+    got = compiled.run(*inputs)
+    keep = inputs[1].numpy()[:, :6]
+    for i, kept in ((0, keep), (1, np.broadcast_to(keep[0], (6, 6)))):
+        kept = kept | ~kept.any(-1, keepdims=True)
+        assert np.abs(want[i] - _uniform_over(kept[None])).max() > 0.2, i
+        assert np.abs(got[i] - want[i]).max() <= TOLERANCE, (i, np.abs(got[i] - want[i]).max())
+        assert (got[i][0][~kept] == 0).all(), i
+    cmp = fake_quant_agreement(compiled.frontend, [inputs])
+    assert cmp.layers.total > 0 and cmp.layers.max_step <= 1, cmp
+    prog = lower_graph(compiled.source, "tosa-1.0+int")
+    expected = run_graph(program_meaning(compiled.source, "tosa-1.0+int"), [t.numpy() for t in inputs])
+    for g, w in zip(prog.run(*inputs), expected):
+        np.testing.assert_array_equal(g, w)

@@ -221,14 +221,100 @@ def masked(n: object) -> Masked | None:
     return mask_term(n) or masked_scores(n)
 
 
+_SHAPE_OPS = {aten.slice, aten.select, aten.view, aten.reshape, aten._unsafe_view, aten.expand, aten.unsqueeze,
+              aten.squeeze, aten.permute, aten.transpose, aten.t, aten.flatten, aten.unflatten, aten.clone,
+              aten.contiguous, aten.alias}
+_ANY = {aten.any, aten.all}
+
+
+def _val(x: object) -> object:
+    return x.meta["val"] if isinstance(x, Node) else x
+
+
+def _call(gm: torch.fx.GraphModule, target, args: tuple, kwargs: dict, at: Node) -> Node:
+    """A new node ``target(*args, **kwargs)`` before ``at``, with its value's metadata (computed on the
+    operands' fake values) and ``at``'s source location."""
+    with gm.graph.inserting_before(at):
+        n = gm.graph.call_function(target, args, kwargs)
+    n.meta["val"] = target(*torch.fx.node.map_aggregate(args, _val), **torch.fx.node.map_aggregate(kwargs, _val))
+    n.meta.update({k: v for k, v in at.meta.items() if k in ("stack_trace", "nn_module_stack")})
+    return n
+
+
+def _kept_bool(gm: torch.fx.GraphModule, term: Masked, at: Node) -> Node | None:
+    """A bool node true where the mask term ``term`` keeps, of the term's own shape (None when a keep
+    is an integer comparison: those stay where they are)."""
+    kept = None
+    for k in term.keeps:
+        if k.a is not None:
+            return None
+        b = _call(gm, aten.logical_not.default, (k.node,), {}, at) if k.negate else k.node
+        kept = b if kept is None else _call(gm, aten.logical_and.default, (kept, b), {}, at)
+    shape = list(_val(term.chain[-1]).shape)
+    if kept is not None and list(_val(kept).shape) != shape:
+        kept = _call(gm, aten.expand.default, (kept, shape), {}, at)
+    return kept
+
+
+def _through_shape_ops(gm: torch.fx.GraphModule) -> int:
+    """A shape op on a mask term (a slice, view, expand, unsqueeze, ... of ``where(c, 0, fill)``) becomes
+    the mask term of the same shape op on its bool: ``where(op(c), 0, MASK_FILL)``, which masks.py
+    recognises where it meets the scores. Exact: the shape op moves values, and moves the bools with them."""
+    rewritten = 0
+    for n in list(gm.graph.nodes):
+        if _packet(n) not in _SHAPE_OPS or not n.args or not _dtype(n) or not _dtype(n).is_floating_point:
+            continue
+        term = mask_term(n.args[0])
+        kept = _kept_bool(gm, term, n) if term is not None else None
+        if kept is None:
+            continue
+        moved = _call(gm, n.target, (kept, *n.args[1:]), n.kwargs, n)
+        zero, fill = (_call(gm, aten.scalar_tensor.default, (v,), {"dtype": _dtype(n)}, n) for v in (0.0, MASK_FILL))
+        n.replace_all_uses_with(_call(gm, aten.where.self, (moved, zero, fill), {}, n))
+        rewritten += 1
+    return rewritten
+
+
+def _never_neg_inf(n: object) -> bool:
+    """``n`` is ``any`` / ``all`` of ``t != -inf`` with ``t`` a mask term: true everywhere, as its fills are
+    finite (finite_fills)."""
+    if _packet(n) not in _ANY or not isinstance(n.args[0], Node):
+        return False
+    ne = n.args[0]
+    return (_packet(ne) is aten.ne and len(ne.args) == 2 and scalar(ne.args[1]) == -math.inf
+            and mask_term(ne.args[0]) is not None)
+
+
+def _sdpa_guards(gm: torch.fx.GraphModule) -> int:
+    """``scaled_dot_product_attention`` with a float mask decomposes to ``where(any(mask != -inf), mask, 0)``
+    added to the scores (and its result multiplied by ``where(any(...), 1, 0)``): with finite fills the
+    guard holds everywhere, so the first is the mask term itself, and the second's condition all true."""
+    rewritten = 0
+    for n in list(gm.graph.nodes):
+        if n.target != aten.where.self or len(n.args) != 3 or not _never_neg_inf(n.args[0]):
+            continue
+        guard, a, b = n.args
+        if isinstance(a, Node) and mask_term(a) is not None and scalar(b) == 0 and \
+                list(_val(a).shape) == list(_val(n).shape):
+            n.replace_all_uses_with(a)
+        else:
+            true = _call(gm, aten.full.default, (list(_val(guard).shape), True), {"dtype": torch.bool}, n)
+            n.replace_input_with(guard, true)
+        rewritten += 1
+    return rewritten
+
+
 def finite_fills(gm: torch.fx.GraphModule) -> int:
-    """Every mask fill below MASK_FILL (``-inf``, ``finfo.min``) becomes MASK_FILL, in place; the number
-    rewritten. Nothing else changes: exp(MASK_FILL + score - max) is 0 in float32 as exp(-inf) is,
+    """Attention masks in the forms masks.py recognises, in place (a shape op on a mask term moved onto
+    its bool, ``scaled_dot_product_attention``'s guard of a float mask dropped), then every mask fill below
+    MASK_FILL (``-inf``, ``finfo.min``) made MASK_FILL; the number of rewrites. Nothing else changes: exp(MASK_FILL + score - max) is 0 in float32 as exp(-inf) is,
     and MASK_FILL times a positive factor below 1e8 stays finite. What it defines is a row masked
     everywhere: PyTorch's softmax of all -inf is NaN, which no observer can measure and no code holds;
     with a finite fill every entry of the row is equal, so the softmax is uniform, as Hugging Face's
     ``finfo.min`` masks make it, and as the integer softmax computes (rules/softmax.py)."""
-    rewritten = 0
+    rewritten = _through_shape_ops(gm) + _sdpa_guards(gm)
+    if rewritten:
+        gm.graph.eliminate_dead_code()
     for n in list(gm.graph.nodes):
         found = masked(n) if n.op == "call_function" else None
         for c in found.chain if found is not None else ():
