@@ -19,6 +19,11 @@
 #include <immintrin.h>
 #endif
 
+/* Work below which a kernel runs on the calling thread alone (OpenMP's if clause), in values (elementwise
+ * kernels) or a small multiple of it in multiply-adds: splitting ~50 us of work saves little on an idle
+ * machine, and on a loaded one every parallel region waits until all its threads have been scheduled. */
+#define PAR_MIN 65536
+
 #define FLAG_INT32 1   /* an int32 result (accumulator or sum) is out of range */
 #define FLAG_SCALE 2   /* a rescale input is outside [-h, h), h = min(2**(s-1), 2**31) */
 
@@ -85,7 +90,7 @@ int64_t NAME(const TIN *restrict x, int64_t n, int64_t C, const int64_t *restric
         const int64_t off = ch[0], z = ch[1], m = ch[2], s = ch[3], h = ch[4], p = ch[5];        \
         const int64_t q = ch[6];                                                                 \
         const int64_t block = 4096, nblocks = (n + block - 1) / block;                           \
-        _Pragma("omp parallel for reduction(|:flags) schedule(static)")                          \
+        _Pragma("omp parallel for reduction(|:flags) schedule(static) if(n >= PAR_MIN)")              \
         for (int64_t b = 0; b < nblocks; b++) {                                                  \
             const int64_t i0 = b * block, i1 = i0 + block < n ? i0 + block : n;                  \
             int64_t f = 0;                                                                       \
@@ -100,7 +105,7 @@ int64_t NAME(const TIN *restrict x, int64_t n, int64_t C, const int64_t *restric
         const int64_t *off = ch, *zp = ch + C, *mu = ch + 2 * C, *sh = ch + 3 * C;               \
         const int64_t *hf = ch + 4 * C, *rp = ch + 5 * C, *rn = ch + 6 * C;                      \
         const int64_t rows = n / C, tail = n % C;                                                \
-        _Pragma("omp parallel for reduction(|:flags) schedule(static)")                          \
+        _Pragma("omp parallel for reduction(|:flags) schedule(static) if(n >= PAR_MIN)")              \
         for (int64_t r = 0; r <= rows; r++) {                                                    \
             const int64_t len = r < rows ? C : tail;                                             \
             flags |= ROW(x + r * C, y + r * C, len, off, zp, mu, sh, hf, rp, rn, check, o);         \
@@ -212,7 +217,7 @@ int64_t qlw_qadd_i8(const int8_t *restrict a, const int8_t *restrict b, int64_t 
     const out_params o = load_out(p + 25);
     const int64_t block = 4096, nblocks = (n + block - 1) / block;
     int64_t flags = 0;
-    _Pragma("omp parallel for reduction(|:flags) schedule(static)")
+    _Pragma("omp parallel for reduction(|:flags) schedule(static) if(n >= PAR_MIN)")
     for (int64_t blk = 0; blk < nblocks; blk++) {
         const int64_t i0 = blk * block, len = i0 + block < n ? block : n - i0;
         flags |= qadd_block(a + i0, b + i0, y + i0, len, pa, pb, sub, po, o);
@@ -359,7 +364,7 @@ int64_t qlw_dwconv_i8(const int8_t *restrict x, const int64_t *restrict g, const
     const out_params op = load_out(sc);
     const int64_t T = KH * KW, P = (T + 1) / 2, C32 = (DW_PAIRS && w16 != NULL) ? C / 32 * 32 : 0;
     int64_t flags = 0;
-    _Pragma("omp parallel reduction(|:flags)")
+    _Pragma("omp parallel reduction(|:flags) if(N * OH * OW * C * T >= 8 * PAR_MIN)")
     {
         int8_t *zrow = (int8_t *)malloc((size_t)C);
         const int8_t **tp = (const int8_t **)malloc(sizeof(int8_t *) * (size_t)(2 * P));
@@ -435,7 +440,7 @@ void qlw_im2col_i8(const int8_t *restrict x, const int64_t *restrict g, int8_t *
     const int64_t DH = g[8], DW = g[9], PT = g[10], PL = g[11], OH = g[12], OW = g[13];
     const int8_t zx = (int8_t)g[14];
     const int64_t K = KH * KW * C;
-    _Pragma("omp parallel for schedule(static)")
+    _Pragma("omp parallel for schedule(static) if(N * OH * OW * K >= 4 * PAR_MIN)")
     for (int64_t row = 0; row < N * OH; row++) {
         const int64_t n = row / OH, oh = row % OH;
         for (int64_t ow = 0; ow < OW; ow++) {
@@ -474,7 +479,7 @@ void qlw_im2col_i8(const int8_t *restrict x, const int64_t *restrict g, int8_t *
 void qlw_maxpool_i8(const int8_t *restrict x, const int64_t *restrict g, int8_t *restrict y) {
     const int64_t N = g[0], H = g[1], W = g[2], C = g[3], KH = g[4], KW = g[5], SH = g[6], SW = g[7];
     const int64_t PT = g[8], PL = g[9], OH = g[10], OW = g[11];
-    _Pragma("omp parallel for schedule(static)")
+    _Pragma("omp parallel for schedule(static) if(N * OH * OW * C * KH * KW >= 4 * PAR_MIN)")
     for (int64_t row = 0; row < N * OH; row++) {
         const int64_t n = row / OH, oh = row % OH;
         const int64_t iy0 = oh * SH - PT, ky0 = iy0 < 0 ? -iy0 : 0, ky1 = H - iy0 < KH ? H - iy0 : KH;
@@ -499,7 +504,7 @@ int64_t qlw_quantize_f32_i8(const float *restrict x, int64_t n, const float *res
     const float inv = p[0], zp = p[1], lo = p[2], hi = p[3];
     const int64_t block = 16384, nblocks = (n + block - 1) / block;
     int64_t nan = 0;
-    _Pragma("omp parallel for reduction(|:nan) schedule(static)")
+    _Pragma("omp parallel for reduction(|:nan) schedule(static) if(n >= PAR_MIN)")
     for (int64_t b = 0; b < nblocks; b++) {
         const int64_t i0 = b * block, i1 = i0 + block < n ? i0 + block : n;
         int64_t f = 0;
@@ -520,7 +525,7 @@ int64_t qlw_quantize_f32_i8(const float *restrict x, int64_t n, const float *res
 void qlw_lut2_i8(const int8_t *restrict a, const int8_t *restrict b, int64_t n, const int8_t *restrict t,
                  int8_t *restrict y) {
     const int64_t block = 16384, nblocks = (n + block - 1) / block;
-    _Pragma("omp parallel for schedule(static)")
+    _Pragma("omp parallel for schedule(static) if(n >= PAR_MIN)")
     for (int64_t blk = 0; blk < nblocks; blk++) {
         const int64_t i0 = blk * block, i1 = i0 + block < n ? i0 + block : n;
         for (int64_t i = i0; i < i1; i++)
@@ -606,7 +611,7 @@ void qlw_qgemm_i8(const int8_t *restrict x, int64_t M, int64_t K, int64_t N, con
                   const int64_t *restrict ch, const int64_t *restrict sc, int8_t *restrict y) {
     const int64_t NP = (N + 15) / 16 * 16, KP = (K + 3) / 4 * 4, nb = (NP / 16 + 3) / 4, mb = (M + 3) / 4;
     const out_params o = load_out(sc);
-    _Pragma("omp parallel for collapse(2) schedule(static)")
+    _Pragma("omp parallel for collapse(2) schedule(static) if(M * NP * KP >= 32 * PAR_MIN)")
     for (int64_t bn = 0; bn < nb; bn++) {
         for (int64_t bm = 0; bm < mb; bm++) {
             const int64_t m0 = bm * 4, rows = M - m0 < 4 ? M - m0 : 4;
