@@ -11,6 +11,9 @@ Recognised, structurally (per op, any model):
   ``where(c, fill, 0)``, ``zeros.masked_fill(c, fill)``, ``t * fill`` with ``t = a·float(m) + b`` an
   affine function of an integer or bool tensor ``m`` (``(1 - mask) * finfo.min``: kept where
   ``a·m + b <= 0``), a mask term times or divided by a positive number, the sum of two mask terms;
+- a shape op (slice, view, expand, unsqueeze, ...) on a mask term, once finite_fills has moved it onto
+  the term's bool (``where(op(c), 0, MASK_FILL)``), and ``scaled_dot_product_attention``'s guard of a
+  float mask, ``where(any(mask != -inf), mask, 0)``, which finite fills make the mask itself;
 - masked scores, ``x`` where kept and at most ``MASK_FILL`` elsewhere: ``where(c, x, fill)``,
   ``where(c, fill, x)``, ``x.masked_fill(c, fill)``, ``x + mask term``, and masked scores times or
   divided by a positive number (``masked_fill(..., -inf) / sqrt(d)``: the scores' scale times the factor;
@@ -227,8 +230,16 @@ _SHAPE_OPS = {aten.slice, aten.select, aten.view, aten.reshape, aten._unsafe_vie
 _ANY = {aten.any, aten.all}
 
 
+class _NoValue(Exception):
+    """A node without the fake value export records: its mask is left as it is."""
+
+
 def _val(x: object) -> object:
-    return x.meta["val"] if isinstance(x, Node) else x
+    if not isinstance(x, Node):
+        return x
+    if "val" not in x.meta:
+        raise _NoValue(x)
+    return x.meta["val"]
 
 
 def _call(gm: torch.fx.GraphModule, target, args: tuple, kwargs: dict, at: Node) -> Node:
@@ -265,12 +276,16 @@ def _through_shape_ops(gm: torch.fx.GraphModule) -> int:
         if _packet(n) not in _SHAPE_OPS or not n.args or not _dtype(n) or not _dtype(n).is_floating_point:
             continue
         term = mask_term(n.args[0])
-        kept = _kept_bool(gm, term, n) if term is not None else None
-        if kept is None:
-            continue
-        moved = _call(gm, n.target, (kept, *n.args[1:]), n.kwargs, n)
-        zero, fill = (_call(gm, aten.scalar_tensor.default, (v,), {"dtype": _dtype(n)}, n) for v in (0.0, MASK_FILL))
-        n.replace_all_uses_with(_call(gm, aten.where.self, (moved, zero, fill), {}, n))
+        try:
+            kept = _kept_bool(gm, term, n) if term is not None else None
+            if kept is None:
+                continue
+            moved = _call(gm, n.target, (kept, *n.args[1:]), n.kwargs, n)
+            zero, fill = (_call(gm, aten.scalar_tensor.default, (v,), {"dtype": _dtype(n)}, n) for v in (0.0, MASK_FILL))
+            mask = _call(gm, aten.where.self, (moved, zero, fill), {}, n)
+        except _NoValue:
+            continue   # what was added is dead code, removed below
+        n.replace_all_uses_with(mask)
         rewritten += 1
     return rewritten
 
@@ -294,27 +309,30 @@ def _sdpa_guards(gm: torch.fx.GraphModule) -> int:
         if n.target != aten.where.self or len(n.args) != 3 or not _never_neg_inf(n.args[0]):
             continue
         guard, a, b = n.args
-        if isinstance(a, Node) and mask_term(a) is not None and scalar(b) == 0 and \
-                list(_val(a).shape) == list(_val(n).shape):
-            n.replace_all_uses_with(a)
-        else:
-            true = _call(gm, aten.full.default, (list(_val(guard).shape), True), {"dtype": torch.bool}, n)
-            n.replace_input_with(guard, true)
+        try:
+            if isinstance(a, Node) and mask_term(a) is not None and scalar(b) == 0 and \
+                    list(_val(a).shape) == list(_val(n).shape):
+                n.replace_all_uses_with(a)
+            else:
+                true = _call(gm, aten.full.default, (list(_val(guard).shape), True), {"dtype": torch.bool}, n)
+                n.replace_input_with(guard, true)
+        except _NoValue:
+            continue
         rewritten += 1
     return rewritten
 
 
 def finite_fills(gm: torch.fx.GraphModule) -> int:
     """Attention masks in the forms masks.py recognises, in place (a shape op on a mask term moved onto
-    its bool, ``scaled_dot_product_attention``'s guard of a float mask dropped), then every mask fill below
-    MASK_FILL (``-inf``, ``finfo.min``) made MASK_FILL; the number of rewrites. Nothing else changes: exp(MASK_FILL + score - max) is 0 in float32 as exp(-inf) is,
-    and MASK_FILL times a positive factor below 1e8 stays finite. What it defines is a row masked
+    its bool, ``scaled_dot_product_attention``'s guard of a float mask dropped), then every mask fill
+    below MASK_FILL (``-inf``, ``finfo.min``) made MASK_FILL; the number of rewrites. Nothing else
+    changes: exp(MASK_FILL + score - max) is 0 in float32 as exp(-inf) is, and MASK_FILL times a positive factor below 1e8 stays finite. What it defines is a row masked
     everywhere: PyTorch's softmax of all -inf is NaN, which no observer can measure and no code holds;
     with a finite fill every entry of the row is equal, so the softmax is uniform, as Hugging Face's
     ``finfo.min`` masks make it, and as the integer softmax computes (rules/softmax.py)."""
+    nodes = len(gm.graph.nodes)
     rewritten = _through_shape_ops(gm) + _sdpa_guards(gm)
-    if rewritten:
-        gm.graph.eliminate_dead_code()
+    changed = (rewritten or len(gm.graph.nodes) != nodes) and gm.graph.eliminate_dead_code()
     for n in list(gm.graph.nodes):
         found = masked(n) if n.op == "call_function" else None
         for c in found.chain if found is not None else ():
@@ -332,6 +350,6 @@ def finite_fills(gm: torch.fx.GraphModule) -> int:
                     args[i] = MASK_FILL
                 rewritten += 1
             c.args = tuple(args)
-    if rewritten:
+    if rewritten or changed:
         gm.recompile()
     return rewritten
