@@ -87,6 +87,14 @@ def test_prepare_qat_refuses_dynamic_quantization():
         qlower.prepare_qat(_model(), (torch.randn(1, 3, 8, 8),), qlower.QuantConfig(mode="dynamic"))
 
 
+@pytest.mark.parametrize("quant", [qlower.QuantConfig(observer="histogram"), qlower.QuantConfig(equalize=True),
+                                   qlower.QuantConfig(bias_correction=True), qlower.QuantConfig(smooth=0.5)])
+def test_prepare_qat_refuses_what_only_post_training_quantization_does(quant):
+    """Calibration observers and weight rewrites are PTQ's: QAT would ignore them, so it names them."""
+    with pytest.raises(ConfigError, match="silently ignore"):
+        qlower.prepare_qat(_model(), (torch.randn(1, 3, 8, 8),), quant)
+
+
 def test_frozen_batch_norms_train_on_running_statistics_as_deployment_folds():
     x = torch.randn(8, 3, 8, 8, generator=torch.Generator().manual_seed(3))
 

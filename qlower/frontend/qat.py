@@ -284,6 +284,13 @@ def prepare_qat(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant:
     if quant.auto_int16:
         raise ConfigError("prepare_qat takes a QuantConfig without auto_int16: set layer_dtypes (the int16 "
                           "layers) yourself, e.g. from qlower.sensitivity")
+    ptq_only = {k: v for k, v in (("observer", quant.observer), ("weight_observer", quant.weight_observer),
+                                  ("equalize", quant.equalize), ("bias_correction", quant.bias_correction),
+                                  ("smooth", quant.smooth)) if v not in ("minmax", False, None)}
+    if ptq_only:
+        raise ConfigError(f"prepare_qat trains its ranges (a moving average of min/max) and the weights themselves; "
+                          f"{', '.join(f'{k}={v!r}' for k, v in ptq_only.items())} set(s) post-training calibration "
+                          "or weight rewrites, which QAT would silently ignore: leave them at their defaults")
     quantizer = QatQuantizer(quant)
     model = check_model(model)
     example_inputs = check_example_inputs(example_inputs)
