@@ -33,11 +33,10 @@ def test_qat_digits_cnn_with_4bit_weights_is_bit_exact_on_every_target_family():
     for target in ("reference", "tosa-1.0+int", "ethos-u55-128", "litert"):
         prog = qlower.compile(qat, example, target=target, progress=False, trace=True)
         report = verify_program(prog, [(x[i:i + 1],) for i in range(3)])
-        # every target bit-exact with the reference, layer by layer and at the output. (The reference's own
-        # distance to the fake-quant model is not asserted: with 4-bit weights a layer can requantize by a
-        # multiplier > 1, where the int32 bias's rounding alone moves the output by more than a step.)
+        # every target bit-exact with the reference, layer by layer and at the output, and the reference
+        # within verify's bound of the fake-quant model (which adds the int32 biases deployment adds)
         assert report.target_compared == (target != "reference")
-        assert not [p for p in report.problems if "from fake-quant on the same inputs" not in p], report.table()
+        assert report.ok and not report.problems, report.table()
         assert all(r.target_vs_ref is None or r.target_vs_ref.max_steps == 0 for r in report.layers)
         # the weights compiled are the learned 4-bit ones: one scale per tensor, codes within [-7, 7]
         graph = prog.canonical
