@@ -11,6 +11,11 @@ Tests that draw from the global RNGs (torch.randn, a torch module's initial weig
 np.random.*, random.*) get them seeded before each test from the test's own id, so that
 a test sees the same numbers whatever ran before it in its process (xdist or not), and
 module-level draws are seeded before each test module is imported.
+
+OpenMP threads (torch's and the native CPU kernels', one libgomp) sleep between parallel regions
+instead of spinning: with 2 xdist workers of 2 threads on 2 cores, a spinning thread burns the
+core the other worker needs. Set here, before torch loads libgomp (which reads it once): under
+load, the zoo's MobileNetV2 build takes 5 s with it and 80-100 s without.
 """
 
 import os
@@ -21,8 +26,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import settings
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (below, and by the tests)
 
 # the random-graph generators of the fuzzers (hypothesis strategies: test-only, not shipped)
 sys.path.insert(0, str(Path(__file__).parent / "fuzzing"))
@@ -62,6 +68,8 @@ def pytest_terminal_summary(terminalreporter, config):
 
 def _seed_global_rngs(key: str) -> None:
     seed = zlib.crc32(key.encode())
+    import torch  # not at the top: the OpenMP setting above comes first
+
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
