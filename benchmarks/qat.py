@@ -1,94 +1,169 @@
-"""Quantization-aware training against post-training quantization on the trained zoo models.
+"""Quantization-aware training against post-training quantization on the trained zoo models (issue 28 §4).
 
-Per model and QuantConfig: fp32, PTQ (qlower.compile with min/max calibration) and QAT
-(qlower.prepare_qat, a few epochs of fine-tuning on the training digits, then qlower.compile with the
-learned scales): top-1 of the compiled program on zoo.held_out and its ``digits-hard`` split, epochs and
-seconds. Prints a table, writes benchmarks/results/qat.json.
+Per model and QuantConfig, on the ``digits-hard`` held-out split (``zoo.held_out(name, "digits-hard")``,
+720 images): fp32, PTQ (``qlower.compile`` with min/max calibration) and QAT (``qlower.prepare_qat`` from the trained fp32 weights, fine-tuned on
+the zoo's training digits at the models' own 32x32, then ``qlower.compile`` with the learned scales): top-1,
+top-1 agreement with fp32 and output SQNR of the compiled model's fake-quant graph (which adds the int32
+biases deployment adds, so every target computes it to within one output step), seconds.
 
-    .venv/bin/python benchmarks/qat.py                      # default cases
-    .venv/bin/python benchmarks/qat.py --models digits_cnn --configs a4 --epochs 2 --limit 200
+The fine-tuning (``Recipe``): Adam at a low learning rate with a cosine decay, batches of 32 with the
+training recipe's 2-pixel shifts, a fixed number of steps; batch norms on their running statistics after the
+first ``bn_freeze`` steps (``freeze_batch_norms``: the conv then trains folded as deployed), ranges frozen
+for the last ``1 - range_freeze`` of the steps (``freeze_ranges``). Two torch threads; a progress bar.
+
+Resumable: each row is written to the JSON file as it finishes; a new run keeps the rows the file holds for
+the same model, config and recipe (``--redo`` measures them again).
+
+    .venv/bin/python benchmarks/qat.py                      # the default cases
+    .venv/bin/python benchmarks/qat.py --models mobilenet_v2 --configs w4_per_tensor --steps 200
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
+import torch.nn.functional as F
 
 import qlower
 from qlower import zoo
-from qlower.verification.accuracy import measure_accuracy
+from qlower.frontend.qat import freeze_batch_norms, freeze_ranges
+from qlower.progress import progress_bar
+from qlower.verification.accuracy import float_outputs, quantization_quality
+from qlower.zoo import trained
+from qlower.zoo.training import shift
 
-sys.path.insert(0, str(Path(__file__).parent))
-from accuracy import qat_model  # noqa: E402  (one QAT fine-tuning for both benchmarks)
-
+W4 = {"weight_qmin": -7, "weight_qmax": 7}  # 4-bit weights in int8 codes
 CONFIGS = {
+    "int8_per_channel": qlower.QuantConfig(),
     "per_tensor": qlower.QuantConfig(per_channel=False),
-    "w4": qlower.QuantConfig(weight_qmin=-7, weight_qmax=7),
+    "w4_per_tensor": qlower.QuantConfig(per_channel=False, **W4),
+    "w4_per_channel": qlower.QuantConfig(**W4),
     "a4": qlower.QuantConfig(act_qmin=-8, act_qmax=7),
-    "w4_per_tensor": qlower.QuantConfig(per_channel=False, weight_qmin=-7, weight_qmax=7),
 }
-DEFAULT = [("digits_cnn", "a4"), ("mobilenet_v2", "w4_per_tensor"), ("mobilenet_v3_small", "w4_per_tensor")]
+DEFAULT = [("mobilenet_v2", "w4_per_tensor"), ("mobilenet_v2", "int8_per_channel"),
+           ("mobilenet_v3_small", "w4_per_tensor")]
+OUT = Path(__file__).parent / "results" / "qat.json"
 
 
-def _splits(name: str) -> dict[str, zoo.LabelledData]:
-    return {"held_out": zoo.held_out(name), "digits_hard": zoo.held_out(name, "digits-hard")}
+@dataclass(frozen=True)
+class Recipe:
+    steps: int = 150
+    batch: int = 32
+    lr: float = 5e-4
+    bn_freeze: int = 20  # steps on batch statistics before the batch norms freeze
+    range_freeze: float = 0.7  # share of the steps after which the ranges freeze
+    seed: int = 2800
 
 
-def _top1(model, data: zoo.LabelledData) -> float:
-    with torch.no_grad():
-        return float((model(*data.inputs).argmax(1) == data.labels).float().mean())
+def finetune(name: str, quant: qlower.QuantConfig, recipe: Recipe, show: bool = True):
+    """The trained zoo model ``name`` prepared for QAT with ``quant`` and fine-tuned by ``recipe``; in eval
+    mode, with the mean training loss of its first and last 20 steps."""
+    model, example, _, calibration = zoo.get(name, trained=True)
+    qat = qlower.prepare_qat(model, example, quant, calibration)
+    x_train, y_train, _, _ = zoo.digits.dataset() if name == "digits_cnn" else trained.dataset()
+    opt = torch.optim.Adam(qat.parameters(), lr=recipe.lr)
+    schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, recipe.steps)
+    g = torch.Generator().manual_seed(recipe.seed)
+    order = torch.randperm(len(y_train), generator=g)
+    losses = []
+    qat.train()
+    with progress_bar(show, total=recipe.steps, desc=f"QAT {name}", unit="step") as bar:
+        for step in range(recipe.steps):
+            if step == recipe.bn_freeze:
+                freeze_batch_norms(qat)
+            if step == int(recipe.range_freeze * recipe.steps):
+                freeze_ranges(qat)
+            start = (step * recipe.batch) % len(order)
+            if start + recipe.batch > len(order):
+                order, start = torch.randperm(len(y_train), generator=g), 0
+            index = order[start:start + recipe.batch]
+            opt.zero_grad()
+            loss = F.cross_entropy(qat(shift(x_train[index], 0 if name == "digits_cnn" else 2, g)), y_train[index])
+            loss.backward()
+            opt.step()
+            schedule.step()
+            losses.append(float(loss))
+            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+            bar.update()
+            if not show and (step + 1) % 25 == 0:
+                print(f"  QAT {name} step {step + 1}/{recipe.steps}: loss {np.mean(losses[-20:]):.3f}", flush=True)
+    return qat.eval(), (float(np.mean(losses[:20])), float(np.mean(losses[-20:])))
 
 
-def run_case(name: str, config: str, epochs: int, lr: float, limit: int | None) -> dict:
+def _quality(prefix: str, model, prog: qlower.Program, data, reference: np.ndarray) -> dict:
+    q = quantization_quality(model, prog.frontend.fake_quant, data, reference=reference)
+    return {f"{prefix}_top1": q.quantized, f"{prefix}_agreement": q.agreement, f"{prefix}_sqnr_db": q.sqnr_db}
+
+
+def run_case(name: str, config: str, recipe: Recipe, show: bool) -> dict:
     quant = CONFIGS[config]
-    zm = zoo.get(name, trained=True)
-    splits = _splits(name)
-    row: dict = {"model": name, "config": config, "epochs": epochs}
-    for split, data in splits.items():
-        row[f"fp32_{split}"] = _top1(zm.model, data)
+    model, example, _, calibration = zoo.get(name, trained=True)
+    data = trained.held_out(name, "digits-hard")
+    reference = float_outputs(model, data)
+    row: dict = {"model": name, "config": config, "recipe": asdict(recipe), "images": len(data.labels),
+                 "fp32_top1": float(np.mean(reference.argmax(1) == data.labels.numpy()))}
     t0 = time.perf_counter()
-    ptq = qlower.compile(zm.model, zm.example_inputs, "reference", quant, zm.calibration_batches, progress=False)
-    for split, data in splits.items():
-        row[f"ptq_{split}"] = measure_accuracy(ptq, data, limit=limit, progress=False).program
-    row["ptq_seconds"] = round(time.perf_counter() - t0, 1)
-
+    ptq = qlower.compile(model, example, "reference", quant, calibration, progress=False)
+    row.update(_quality("ptq", model, ptq, data, reference), ptq_seconds=round(time.perf_counter() - t0, 1))
     t0 = time.perf_counter()
-    qat = qat_model(name, zm.model, zm.example_inputs, quant, zm.calibration_batches, epochs, lr, seed=2800)
-    row["qat_train_seconds"] = round(time.perf_counter() - t0, 1)
-    prog = qlower.compile(qat, zm.example_inputs, "reference", progress=False)
-    for split, data in splits.items():
-        row[f"qat_{split}"] = measure_accuracy(prog, data, limit=limit, progress=False).program
-    row["qat_seconds"] = round(time.perf_counter() - t0, 1)
+    qat, (first, last) = finetune(name, quant, recipe, show)
+    row.update(qat_loss_first=round(first, 4), qat_loss_last=round(last, 4),
+               qat_train_seconds=round(time.perf_counter() - t0, 1))
+    prog = qlower.compile(qat, example, "reference", progress=False)
+    row.update(_quality("qat", model, prog, data, reference), qat_seconds=round(time.perf_counter() - t0, 1))
     return row
+
+
+def _line(row: dict) -> str:
+    def cell(prefix: str) -> str:
+        if f"{prefix}_top1" not in row:
+            return f"{'-':>22s}"
+        return (f"{100 * row[f'{prefix}_top1']:6.2f}% {100 * row[f'{prefix}_agreement']:6.2f}% "
+                f"{row[f'{prefix}_sqnr_db']:5.1f}dB")
+    return (f"{row['model']:19s} {row['config']:16s} {100 * row['fp32_top1']:6.2f}%  {cell('ptq')}  "
+            f"{cell('qat')}  {row['recipe']['steps']:5d} {row['qat_seconds']:6.0f}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="*", help="trained zoo models (default: the default cases)")
     parser.add_argument("--configs", nargs="*", default=None, choices=sorted(CONFIGS))
-    parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--limit", type=int, default=None, help="measure the programs on the first N images")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "qat.json"))
+    parser.add_argument("--steps", type=int, default=Recipe.steps)
+    parser.add_argument("--batch", type=int, default=Recipe.batch)
+    parser.add_argument("--lr", type=float, default=Recipe.lr)
+    parser.add_argument("--bn-freeze", type=int, default=Recipe.bn_freeze)
+    parser.add_argument("--redo", action="store_true", help="measure the rows the JSON file holds again")
+    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
-    cases = DEFAULT if not args.models else [(m, c) for m in args.models for c in (args.configs or ["per_tensor"])]
-    rows = []
-    print(f"{'model':20s} {'config':11s} {'split':12s} {'fp32':>7s} {'PTQ':>7s} {'QAT':>7s}  epochs  QAT s")
+    torch.set_num_threads(2)
+    recipe = Recipe(steps=args.steps, batch=args.batch, lr=args.lr, bn_freeze=args.bn_freeze)
+    cases = DEFAULT if not args.models else [(m, c) for m in args.models for c in (args.configs or ["w4_per_tensor"])]
+    out = Path(args.out)
+    saved = json.loads(out.read_text()) if out.exists() else {}
+    rows = saved.get("rows", [])
+
+    def key(r: dict) -> tuple:
+        return r["model"], r["config"], json.dumps(r["recipe"], sort_keys=True)
+
+    print(f"{'':37s} {'fp32':>7s}  {'PTQ: top-1  agree  SQNR':>22s}  {'QAT':>22s}  steps  QAT s")
     for name, config in cases:
-        row = run_case(name, config, args.epochs, args.lr, args.limit)
-        rows.append(row)
-        for split in [k[5:] for k in row if k.startswith("fp32_")]:
-            print(f"{name:20s} {config:11s} {split:12s} {100 * row[f'fp32_{split}']:6.2f}% "
-                  f"{100 * row[f'ptq_{split}']:6.2f}% {100 * row[f'qat_{split}']:6.2f}%  {args.epochs:6d} "
-                  f"{row['qat_seconds']:6.1f}", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"torch_threads": torch.get_num_threads(), "limit": args.limit,
-                                          "lr": args.lr, "rows": rows}, indent=2) + "\n")
+        row = {"model": name, "config": config, "recipe": asdict(recipe)}
+        done = [r for r in rows if key(r) == key(row)]
+        if done and not args.redo:
+            print(_line(done[0]) + "  (kept)", flush=True)
+            continue
+        row = run_case(name, config, recipe, not args.no_progress)
+        rows = [r for r in rows if key(r) != key(row)] + [row]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"torch_threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")
+        print(_line(row), flush=True)
 
 
 if __name__ == "__main__":
