@@ -102,3 +102,25 @@ def test_a_shift_below_32_is_left_to_the_checked_requantizer(qgemm_calls):
     assert_cpu_matches_reference(graph, x, configs=({},), trace=False)
     if qgemm_calls is not None:
         assert not qgemm_calls
+
+
+@pytest.mark.parametrize("rounding", ["single", "double"])
+def test_rounding_at_shift_32_in_even_and_odd_channels(qgemm_calls, rounding):
+    """Scale ratios in [1/4, 1/2) give shift 32, where DOUBLE_ROUND's +-2**30 moves half of all results:
+    small accumulators of both signs (no clamp hides them) in 37 channels (even and odd lanes, a tail)."""
+    rng = np.random.default_rng(21)
+    m, k, n = 6, 8, 37
+    b = GraphBuilder("fc")
+    x = b.input("x", TensorType((m, k), I8, QuantSpec.per_tensor(0.03, 0)))
+    w_scales = rng.uniform(0.0013, 0.0024, n)   # ratio w_scale / 0.005 in [0.26, 0.48): shift 32
+    wv = b.constant(rng.integers(-9, 10, (n, k)).astype(np.int8), QuantSpec.per_channel(w_scales), name="w")
+    acc_q = QuantSpec.accumulator(x.quant, wv.quant, axis=0)
+    bias = b.constant(rng.integers(-40, 40, n).astype(np.int32), acc_q, name="b")
+    acc = b.op("fully_connected", x, wv, bias)
+    y = b.op("rescale", acc, out=QuantSpec.per_tensor(0.03 * 0.005, 3), rounding=rounding)
+    graph = verify_graph(b.build([y]))
+    params = rescale_params(acc.quant, y.quant)
+    assert set(params.shift.tolist()) == {qgemm.MIN_SHIFT}
+    assert_cpu_matches_reference(graph, [rng.integers(-6, 7, (m, k)).astype(np.int8)], configs=({},), trace=False)
+    if qgemm_calls is not None:
+        assert qgemm_calls, "the fused VNNI kernel did not run"

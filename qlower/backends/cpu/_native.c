@@ -535,8 +535,8 @@ void qlw_lut2_i8(const int8_t *restrict a, const int8_t *restrict b, int64_t n, 
 
 /* int8 GEMM with the requantization fused, on AVX-512 VNNI (vpdpbusd: unsigned x signed bytes, 4-term
  * int32 dot products, wrapping adds). x: M rows of K int8 codes (row stride K); w: the weights packed as
- * [NP/16][KP/4][16][4] int8 (NP, KP: N, K rounded up to 16 and 4, zero-filled); ch: 5 arrays of NP int64:
- * off (the GEMM's folded offsets, minus 128 * the weight column sums, see below), mult, shift, rnd_pos, rnd_neg;
+ * [NP/16][KP/4][16][4] int8 (NP, KP: N, K rounded up to 16 and 4, zero-filled); ch: per 16 channels, off (the
+ * GEMM's folded offsets, minus 128 * the weight column sums, see below), mult, shift, rnd_pos, rnd_neg (rq16);
  * sc: out_zp, lo1, hi1, lo2, hi2. y: M x N int8.
  * The kernel reads x + 128 (an unsigned byte), so a dot product is sum (x + 128) * w = sum x * w +
  * 128 * colsum(w), and off carries -128 * colsum(w). Exact when the caller proves (gemm.py, conv.py):
@@ -559,27 +559,40 @@ static inline __m512i load_x4(const int8_t *p, int64_t k, int64_t K) {
     return _mm512_set1_epi32(word ^ (int32_t)0x80808080);   /* x + 128 as unsigned bytes */
 }
 
-static inline void requant_store16(__m512i acc, const int64_t *restrict ch, int64_t NP, int64_t n0, int64_t N,
-                                   const out_params o, int8_t *restrict y) {
-    const __m512i zp = _mm512_set1_epi64(o.zp), lo1 = _mm512_set1_epi64(o.lo1), hi1 = _mm512_set1_epi64(o.hi1);
-    const __m512i lo2 = _mm512_set1_epi64(o.lo2), hi2 = _mm512_set1_epi64(o.hi2);
-    for (int half = 0; half < 2; half++) {
-        const int64_t c = n0 + 8 * half;
-        const __m512i a = _mm512_cvtepi32_epi64(half ? _mm512_extracti64x4_epi64(acc, 1)
-                                                     : _mm512_castsi512_si256(acc));
-        const __m512i v = _mm512_add_epi64(a, _mm512_loadu_si512(ch + c));
-        const __m512i m = _mm512_loadu_si512(ch + NP + c), s = _mm512_loadu_si512(ch + 2 * NP + c);
-        const __mmask8 neg = _mm512_cmplt_epi64_mask(v, _mm512_setzero_si512());
-        const __m512i rnd = _mm512_mask_blend_epi64(neg, _mm512_loadu_si512(ch + 3 * NP + c),
-                                                    _mm512_loadu_si512(ch + 4 * NP + c));
-        __m512i t = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mul_epi32(v, m), rnd), s);
-        t = _mm512_add_epi64(t, zp);
-        t = _mm512_min_epi64(_mm512_max_epi64(t, lo1), hi1);
-        t = _mm512_min_epi64(_mm512_max_epi64(t, lo2), hi2);
-        const int64_t left = N - c;
-        if (left > 0)
-            _mm512_mask_cvtepi64_storeu_epi8(y + c, (__mmask8)(left >= 8 ? 0xFF : (1u << left) - 1), t);
-    }
+/* The requantization parameters of 16 channels (one weight vector), loaded once per tile and used for its
+ * rows; ch holds, per 16-channel group, 9 rows of 8 int64 (qgemm.py): the 16 offsets as int32, then mult,
+ * shift, rnd_pos and rnd_neg of the even channels and of the odd channels (as the 64-bit lanes of a vector of
+ * 16 int32 hold them). */
+typedef struct { __m512i off, me, mo, se, so, rpe, rpo, rne, rno; } rq16;
+
+static inline rq16 load_rq16(const int64_t *restrict ch, int64_t group) {
+    const int64_t *p = ch + group * 72;
+    rq16 q = {_mm512_loadu_si512(p), _mm512_loadu_si512(p + 8), _mm512_loadu_si512(p + 16),
+              _mm512_loadu_si512(p + 24), _mm512_loadu_si512(p + 32), _mm512_loadu_si512(p + 40),
+              _mm512_loadu_si512(p + 48), _mm512_loadu_si512(p + 56), _mm512_loadu_si512(p + 64)};
+    return q;
+}
+
+/* 16 accumulators to int8 in 32-bit lanes: v = acc + off wraps in int32 to the true accumulator (which fits
+ * int32: the caller's proof); the products v * mult (vpmuldq, |v|, mult < 2**31) and the rounding terms in
+ * 64 bits for the even and the odd lanes; after the arithmetic shift (>= 32) |y| < 2**30 fits int32 again, so
+ * the zero point and the clamps (int8 bounds) are int32 operations. The same integers as DEFINE_RESCALE's. */
+static inline void requant_store16(__m512i acc, const rq16 *q, const out_params o, int8_t *restrict y,
+                                   int64_t left) {
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i v = _mm512_add_epi32(acc, q->off), vo = _mm512_srli_epi64(v, 32);
+    const __mmask8 neg_e = _mm512_cmplt_epi64_mask(_mm512_slli_epi64(v, 32), zero);
+    const __mmask8 neg_o = _mm512_cmplt_epi64_mask(v, zero);
+    __m512i te = _mm512_add_epi64(_mm512_mul_epi32(v, q->me), _mm512_mask_blend_epi64(neg_e, q->rpe, q->rne));
+    __m512i to = _mm512_add_epi64(_mm512_mul_epi32(vo, q->mo), _mm512_mask_blend_epi64(neg_o, q->rpo, q->rno));
+    te = _mm512_srav_epi64(te, q->se);
+    to = _mm512_srav_epi64(to, q->so);
+    __m512i t = _mm512_mask_blend_epi32(0xAAAA, te, _mm512_slli_epi64(to, 32));
+    t = _mm512_add_epi32(t, _mm512_set1_epi32((int32_t)o.zp));
+    t = _mm512_min_epi32(_mm512_max_epi32(t, _mm512_set1_epi32((int32_t)o.lo1)), _mm512_set1_epi32((int32_t)o.hi1));
+    t = _mm512_min_epi32(_mm512_max_epi32(t, _mm512_set1_epi32((int32_t)o.lo2)), _mm512_set1_epi32((int32_t)o.hi2));
+    if (left > 0)
+        _mm512_mask_cvtepi32_storeu_epi8(y, (__mmask16)(left >= 16 ? 0xFFFF : (1u << left) - 1), t);
 }
 
 int64_t qlw_has_qgemm(void) { return 1; }
@@ -624,9 +637,12 @@ void qlw_qgemm_i8(const int8_t *restrict x, int64_t M, int64_t K, int64_t N, con
             else if (rows == 4 && vecs == 2) qgemm_tile_4x2(xb, K, KP, wb, 4, 2, acc);
             else if (rows == 4 && vecs == 1) qgemm_tile_4x1(xb, K, KP, wb, 4, 1, acc);
             else qgemm_tile_any(xb, K, KP, wb, rows, vecs, acc);
-            for (int64_t r = 0; r < rows; r++)
-                for (int64_t v = 0; v < vecs; v++)
-                    requant_store16(acc[r][v], ch, NP, (v0 + v) * 16, N, o, y + (m0 + r) * N);
+            for (int64_t v = 0; v < vecs; v++) {
+                const rq16 q = load_rq16(ch, v0 + v);
+                const int64_t c = (v0 + v) * 16;
+                for (int64_t r = 0; r < rows; r++)
+                    requant_store16(acc[r][v], &q, o, y + (m0 + r) * N + c, N - c);
+            }
         }
     }
 }
