@@ -6,7 +6,9 @@
   by an int8 rescale, they run as one native GEMM + requantization where
   qgemm.py proves it exact (AVX-512 VNNI machines).
 * depthwise and grouped convolutions run "direct": the native int32 depthwise
-  kernel (exact while ``KH*KW*max|x - x_zp|*max|w - w_zp| < 2**31``), or torch's
+  kernel (exact while ``max|x - x_zp| * max_o sum|w_o - w_zp| < 2**31``, so every
+  partial sum fits int32; on AVX-512BW it multiplies tap pairs in int16, which needs
+  int8 zero points and weights that fit int16: ``pair_weights``), or torch's
   float convolution on zero-point-centered operands, in float32 when
   ``max|x - x_zp| * max_o sum|w_o - w_zp|`` <= 2**24 and in float64 otherwise: the
   same subset-sum argument as in gemm.py makes every partial sum exact.
