@@ -103,8 +103,10 @@ class Server:
     def set_threads(self, n: int) -> None:
         self._ask(f"threads {n}")
 
-    def run(self, n: int) -> list[float]:
-        return self._ask(f"run {n}")["times"]
+    def run(self, n: int) -> list[tuple[float, float]]:
+        """``n`` timed calls: (wall seconds, the server's CPU seconds, every thread's) each."""
+        reply = self._ask(f"run {n}")
+        return list(zip(reply["times"], reply["cpu"]))
 
     def close(self) -> None:
         if self.proc.poll() is None:

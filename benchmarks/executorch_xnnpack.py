@@ -8,7 +8,8 @@ latency.py makes it on demand). Imports only the model's class from the reposito
 ExecuTorch's XNNPACK quantizer (symmetric, per-channel weights, static activations) calibrated on
 ``calibration.pt`` (a list of input tuples), lowered with the XNNPACK partitioner and written as a .pte.
 ``serve``: loads the .pte with ExecuTorch's Python runtime and answers lines on stdin, one JSON line each:
-``threads N`` (XNNPACK's thread pool resized), ``run N`` (N timed calls: their seconds), ``output PATH``
+``threads N`` (XNNPACK's thread pool resized), ``run N`` (N timed calls: their seconds, wall and the
+process's CPU time, every thread's), ``output PATH``
 (the output saved with numpy), ``quit``. The caller drives the blocks, so that every runtime it compares is
 timed in turn against the same machine load.
 """
@@ -63,12 +64,13 @@ def serve(pte: str, inputs: str) -> None:
             module = _load_for_executorch(pte)
             reply = {"threads": int(arg)}
         elif cmd == "run":
-            times = []
+            times, cpu = [], []
             for _ in range(int(arg)):
-                t = time.perf_counter()
+                t, c = time.perf_counter(), time.process_time()
                 module.forward(x)
                 times.append(time.perf_counter() - t)
-            reply = {"times": times}
+                cpu.append(time.process_time() - c)
+            reply = {"times": times, "cpu": cpu}
         elif cmd == "output":
             np.save(arg, module.forward(x)[0].numpy())
             reply = {"saved": arg}

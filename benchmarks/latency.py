@@ -17,12 +17,14 @@ it is skipped with the reason when it can't be built), and qlower's quantization
 for ``litert`` once per kernel family (``xnnpack``: the default delegates, ``builtin``: LiteRT's optimized
 builtin kernels) and for qlower's ``cpu`` backend (the xnnpack program's quantized graph). They take
 turns in blocks of 10 timed runs (after 3 untimed ones, so no runtime is timed against another's
-still-spinning thread pool); ratios are to ExecuTorch's median of the same run. Each qlower output is
+still-spinning thread pool); ratios are to ExecuTorch's median of the same run. Each row also gives the
+median CPU time of a run (the process's, every thread's), which a loaded machine inflates far less than the
+wall time. ``--runtimes`` picks the rows (e.g. ``"executorch xnnpack" "qlower litert xnnpack"``). Each qlower output is
 compared once with the reference interpreter on the program's source: max difference in output steps
 and share of exact elements.
 
     python benchmarks/latency.py [--runs 50] [--warmup 10] [--threads 2] [--no-check] [--no-ir]
-                                 [--no-litert] [--zoo-threads 1 2] [--no-executorch]
+                                 [--no-litert] [--zoo-threads 1 2] [--no-executorch] [--runtimes NAME ...]
 
 Prints a table and writes benchmarks/results/latency.json (per-run times, medians,
 load average, machine).
@@ -66,6 +68,14 @@ def _time(fn) -> float:
     return time.perf_counter() - t
 
 
+def _time_cpu(fn) -> tuple[float, float]:
+    """Wall and CPU seconds of ``fn()`` (the process's CPU time, every thread's: on a loaded machine the wall
+    time waits for cores, the CPU time much less)."""
+    t, c = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t, time.process_time() - c
+
+
 def bench(name: str, runs: int, warmup: int, threads: int, check: bool) -> dict:
     build, zoo_name, target = MODELS[name]
     graph = build()
@@ -105,9 +115,10 @@ def bench(name: str, runs: int, warmup: int, threads: int, check: bool) -> dict:
     }
 
 
-def _stats(times: list[float]) -> dict:
+def _stats(runs: list[tuple[float, float]]) -> dict:
+    times, cpu = [w for w, _ in runs], [c for _, c in runs]
     return {"median_ms": round(statistics.median(times) * 1e3, 3), "p10_ms": round(np.percentile(times, 10) * 1e3, 3),
-            "p90_ms": round(np.percentile(times, 90) * 1e3, 3)}
+            "p90_ms": round(np.percentile(times, 90) * 1e3, 3), "cpu_median_ms": round(statistics.median(cpu) * 1e3, 3)}
 
 
 def _exactness(p, x: np.ndarray) -> dict:
@@ -131,9 +142,13 @@ def executorch_runtime(name: str, venv: Path | None):
         return f"unavailable: {e}"
 
 
-def bench_litert(name: str, runs: int, warmup: int, thread_counts: list[int], et_venv: Path | None) -> dict:
-    """The zoo model quantized at 224: ExecuTorch's XNNPACK, LiteRT (xnnpack, builtin) and qlower's cpu backend,
-    timed in blocks taking turns, at each thread count."""
+RUNTIMES = ("executorch xnnpack", "qlower litert xnnpack", "qlower cpu", "qlower litert builtin")
+
+
+def bench_litert(name: str, runs: int, warmup: int, thread_counts: list[int], et_venv: Path | None,
+                 wanted: tuple[str, ...] = RUNTIMES) -> dict:
+    """The zoo model quantized at 224: ExecuTorch's XNNPACK, LiteRT (xnnpack, builtin) and qlower's cpu backend
+    (those of ``wanted``), timed in blocks taking turns, at each thread count."""
     import qlower
     from qlower.api import lower_graph
 
@@ -143,7 +158,7 @@ def bench_litert(name: str, runs: int, warmup: int, thread_counts: list[int], et
                           backend_options={"kernels": "xnnpack"})
     canonical = base.canonical_graph
     x = example[0].numpy()
-    et = executorch_runtime(name, et_venv)
+    et = executorch_runtime(name, et_venv if "executorch xnnpack" in wanted else None)
     result = {"model": name, "size": 224, "executorch": None if isinstance(et, str) else "1.5.1 xnnpack",
               "executorch_note": et if isinstance(et, str) else None, "threads": {}}
     try:
@@ -151,23 +166,23 @@ def bench_litert(name: str, runs: int, warmup: int, thread_counts: list[int], et
             runners: dict[str, object] = {}
             progs = {f"qlower litert {k}": lower_graph(canonical, "litert", backend_options={"kernels": k,
                                                                                             "threads": threads})
-                     for k in ("xnnpack", "builtin")}
+                     for k in ("xnnpack", "builtin") if f"qlower litert {k}" in wanted}
             # the cpu target's own program (its own roundings): the xnnpack program's graph carries XNNPACK's
             # float32 requantization and add forms, which the cpu backend runs on its slow generic kernels
-            progs["qlower cpu"] = lower_graph(canonical, "cpu", threads=threads)
+            if "qlower cpu" in wanted:
+                progs["qlower cpu"] = lower_graph(canonical, "cpu", threads=threads)
             if not isinstance(et, str):
                 et.set_threads(threads)
                 runners["executorch xnnpack"] = et.run
             for k, p in progs.items():
-                runners[k] = lambda n, p=p: [_time(lambda: p.run(x)) for _ in range(n)]
-            order = ["executorch xnnpack", "qlower litert xnnpack", "qlower cpu", "qlower litert builtin"]
-            runners = {k: runners[k] for k in order if k in runners}
+                runners[k] = lambda n, p=p: [_time_cpu(lambda: p.run(x)) for _ in range(n)]
+            runners = {k: runners[k] for k in RUNTIMES if k in runners}
             for run in runners.values():
                 run(warmup)
             # blocks of BLOCK runs, runtimes taking turns: each runtime's thread pool (OpenMP, ruy, pthreadpool)
             # spins for a while after it runs, so run-by-run alternation would time each one against the
             # previous one's spinning threads; SETTLE untimed runs start each block instead
-            times: dict[str, list[float]] = {k: [] for k in runners}
+            times: dict[str, list[tuple[float, float]]] = {k: [] for k in runners}
             while min(len(t) for t in times.values()) < runs:
                 for k, run in runners.items():
                     run(SETTLE)
@@ -201,13 +216,16 @@ def main() -> None:
     parser.add_argument("--no-executorch", dest="executorch", action="store_false",
                         help="skip the ExecuTorch XNNPACK column")
     parser.add_argument("--no-ir", dest="ir", action="store_false", help="skip the IR-graph rows")
+    parser.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=list(RUNTIMES), metavar="RUNTIME",
+                        help=f"the zoo-model rows to time (default all: {', '.join(map(repr, RUNTIMES))})")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "latency.json")
     args = parser.parse_args()
 
     load_before = os.getloadavg()[0]
     rows = [bench(m, args.runs, args.warmup, args.threads, args.check) for m in args.models] if args.ir else []
     et_venv = args.executorch_venv if args.executorch else None
-    litert = ([bench_litert(m, args.runs, args.warmup, args.zoo_threads, et_venv) for m in args.models]
+    litert = ([bench_litert(m, args.runs, args.warmup, args.zoo_threads, et_venv, tuple(args.runtimes))
+               for m in args.models]
               if args.litert else [])
     result = {
         "benchmark": "latency", "threads": args.threads, "runs": args.runs, "warmup": args.warmup,
@@ -235,8 +253,8 @@ def _print_table(r: dict) -> None:
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
     if r["zoo_models"]:
         print("\nzoo models (224x224, batch 1), same run, blocks of 10 taking turns; ratio to ExecuTorch's XNNPACK:")
-        print(f"{'model':14s} {'thr':>3s} {'runtime':22s} {'median ms':>10s} {'p10-p90':>14s} {'vs ET':>7s} "
-              f"{'max steps':>10s} {'exact':>8s}")
+        print(f"{'model':14s} {'thr':>3s} {'runtime':22s} {'median ms':>10s} {'p10-p90':>14s} {'cpu ms':>7s} "
+              f"{'vs ET':>7s} {'max steps':>10s} {'exact':>8s}")
         for m in r["zoo_models"]:
             if m["executorch_note"]:
                 print(f"{m['model']}: ExecuTorch XNNPACK column {m['executorch_note']}")
@@ -246,7 +264,8 @@ def _print_table(r: dict) -> None:
                     steps = f"{row['max_steps_vs_reference']:10.3f}" if "exact_share" in row else f"{'-':>10s}"
                     exact = f"{100 * row['exact_share']:7.2f}%" if "exact_share" in row else f"{'-':>8s}"
                     print(f"{m['model']:14s} {threads:>3s} {k:22s} {row['median_ms']:10.2f} "
-                          f"{row['p10_ms']:6.1f}-{row['p90_ms']:<7.1f} {ratio:>7s} {steps} {exact}")
+                          f"{row['p10_ms']:6.1f}-{row['p90_ms']:<7.1f} {row['cpu_median_ms']:7.2f} {ratio:>7s} "
+                          f"{steps} {exact}")
     mc = r["machine"]
     print(f"IR rows: threads {r['threads']}; median of {r['runs']} runs after {r['warmup']} warm-up; "
           f"load average {mc['load_average_1min_before']} -> {mc['load_average_1min_after']} on {mc['cpus']} CPUs")
