@@ -6,9 +6,14 @@ LiteRT interpreter: bit-exact with qlower's reference interpreter under LiteRT's
 Image models run at 32x32 (the architecture is the same at any size). Dynamic configurations (S0, S2)
 compile for ``litert`` with their run-time quantization on the host; a whole-program .tflite of them is
 refused with the op's name, since TFLite has no builtin for run-time scales.
+
+Every one of them is also lowered once more from its canonical program with ``kernels="xnnpack"`` (the
+frontend's work shared) and run under LiteRT's XNNPACK delegate at 1 and 2 threads, and four of them with
+``kernels="builtin"`` (LiteRT's optimized builtin kernels): bit-exact with the reference interpreter on that
+program's form, on the example and on a seeded random batch. (benchmarks/litert_exactness.py measures every
+family on every zoo model at its own size.)
 """
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +23,8 @@ from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
 import qlower
 from qlower import cli, zoo
+from qlower.api import lower_graph
+from qlower.backends.litert.backend import with_threads
 from qlower.errors import UnsupportedOpError
 from qlower.frontend.config import QuantConfig
 from qlower.reference import run_graph
@@ -70,6 +77,36 @@ def test_zoo_model_exported_by_the_cli_is_bit_exact_in_litert(name, tmp_path: Pa
     # the litert target runs that very model in-process
     for w, g in zip(want, prog.run(*inputs)):
         np.testing.assert_array_equal(g, w)
+    for kernels in ("xnnpack", "builtin") if name in BUILTIN else ("xnnpack",):
+        assert_kernels_exact(prog, example, kernels)
+
+
+BUILTIN = ("mobilenet_v2", "s4_attention", "unet_tiny", "timm_vit_tiny")
+
+
+def _batches(example) -> list[list[np.ndarray]]:
+    """The example, and a seeded random batch of the same shapes (integer inputs kept)."""
+    gen = torch.Generator().manual_seed(29)
+    other = [torch.randn(x.shape, generator=gen).numpy() if x.is_floating_point() else x.numpy() for x in example]
+    return [numpy_inputs(example), other]
+
+
+def assert_kernels_exact(prog, example, kernels: str, dynamic: bool = False) -> None:
+    """``prog``'s canonical program lowered once for litert with ``kernels``, run (XNNPACK: at 1 and 2 threads):
+    bit-exact with the reference interpreter on its form (run-time-quantized outputs within 1e-5)."""
+    lowered = lower_graph(prog.canonical_graph, "litert", backend_options={"kernels": kernels})
+    assert lowered.partitions or not prog.partitions, "the kernels took none of what the reference kernels did"
+    for batch in _batches(example):
+        want = run_graph(lowered.source, batch)
+        for threads in (1, 2) if kernels == "xnnpack" else (None,):
+            got = with_threads(lowered, threads).run(*batch)
+            assert len(got) == len(want)
+            for w, g in zip(want, got):
+                assert g.dtype == w.dtype and g.shape == w.shape
+                if dynamic:
+                    np.testing.assert_allclose(g, w, rtol=1e-5, atol=0)
+                else:
+                    np.testing.assert_array_equal(g, w, err_msg=f"{threads} thread(s)")
 
 
 @pytest.mark.slow
@@ -81,6 +118,7 @@ def test_s2_with_static_quantization_exports_bit_exact(tmp_path: Path):
     inputs = numpy_inputs(example)
     for w, g in zip(run_graph(prog.source, inputs), run_litert(Path(path).read_bytes(), inputs)):
         np.testing.assert_array_equal(g, w)
+    assert_kernels_exact(prog, example, "xnnpack")
 
 
 @pytest.mark.slow
@@ -93,33 +131,4 @@ def test_dynamic_scenario_runs_on_litert_and_refuses_a_whole_tflite(tmp_path: Pa
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=0)
     with pytest.raises(UnsupportedOpError, match="dynamic_quantize"):
         prog.export(tmp_path / "s0.tflite", format="tflite")
-
-
-def _with_threads(prog, threads: int):
-    """``prog`` with its LiteRT partitions run by ``threads`` threads (the payload's setting)."""
-    parts = [dataclasses.replace(p, payload=dataclasses.replace(p.payload, meta={**p.payload.meta, "threads": threads}))
-             if p.backend == "litert" else p for p in prog.partitions]
-    return dataclasses.replace(prog, partitions=parts, _runner=None)
-
-
-FAMILIES = [("builtin", n) for n in ("mobilenet_v2", "s4_attention", "unet_tiny", "timm_vit_tiny")] + [
-    ("xnnpack", n) for n in ("mobilenet_v2", "s1_conv_relu_cat", "s4_attention")]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("kernels,name", FAMILIES)
-def test_builtin_and_xnnpack_kernels_are_bit_exact_too(kernels, name):
-    """LiteRT's optimized builtin kernels and its XNNPACK delegate (at 1 and 2 threads), with the
-    arithmetic the program gets for them. (benchmarks/litert_exactness.py measures every zoo model.)"""
-    size, model, example, cfg, calibration = _get(name)
-    prog = qlower.compile(model, example, target="litert", quant=cfg, calibration=calibration, progress=False,
-                          backend_options={"kernels": kernels})
-    inputs = numpy_inputs(example)
-    gen = torch.Generator().manual_seed(29)
-    other = [torch.randn(x.shape, generator=gen).numpy() if x.is_floating_point() else x.numpy() for x in example]
-    for batch in (inputs, other):
-        want = run_graph(prog.source, batch)
-        for threads in ((1, 2) if kernels == "xnnpack" else (None,)):
-            run = _with_threads(prog, threads) if threads else prog
-            for w, g in zip(want, run.run(*batch)):
-                np.testing.assert_array_equal(g, w)
+    assert_kernels_exact(prog, example, "xnnpack", dynamic=True)

@@ -20,6 +20,7 @@ interpreter is not safe to invoke from two threads, so each has its own lock.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import threading
 import typing
@@ -148,6 +149,16 @@ class LiteRtBackend(Backend):
                        tensors: Sequence[str]) -> dict[str, np.ndarray]:
         outputs, traced = _run(payload, inputs, tuple(tensors))
         return traced
+
+
+def with_threads(program, threads: int | None):
+    """``program`` (a ``qlower.Program``) with its LiteRT partitions run by ``threads`` interpreter threads:
+    the same payloads, only their ``threads`` setting changed (what the interpreter cache keys on), so one
+    lowering runs at several thread counts."""
+    check_threads(threads, "litert threads")
+    parts = [dataclasses.replace(p, payload=dataclasses.replace(p.payload, meta={**p.payload.meta, "threads": threads}))
+             if p.backend == LiteRtBackend.name else p for p in program.partitions]
+    return dataclasses.replace(program, partitions=parts, _runner=None)
 
 
 class _Interpreter:
