@@ -1,12 +1,17 @@
 """Empirical bias correction (Nagel et al. 2019): remove the mean output shift weight quantization causes.
 
-Quantizing a weight ``W`` to ``W_q`` shifts the layer's output by ``(W_q - W) * x``; its mean over
-the calibration data, per output channel, is a bias the quantized layer adds and the float one
-does not (large for per-tensor weights of small-range channels). Here every conv / linear whose
-weight is a constant runs, on each calibration batch of the float graph, its own op with the
-weight error ``W_q - W`` and no bias; the mean of that result over everything but the output
-channel is subtracted from the layer's bias. ``W_q`` is what the weight observer of the
-QuantConfig (observers.py) makes of the weight, so the correction matches the quantization.
+Quantizing a weight ``W`` to ``W_q`` shifts the layer's output; its mean over the calibration data,
+per output channel, is a bias the quantized layer adds and the float one does not (large for
+per-tensor weights of small-range channels). Here the float graph and the same graph with every
+conv / linear weight quantized (``W_q``: what the weight observer of the QuantConfig, observers.py,
+makes of it) run side by side over all calibration batches, layer by layer in graph order; at
+each layer the mean of (quantized output - float output), over the batches and everything but
+the output channel, is subtracted from its bias, in the quantized run too, before any later
+layer reads it. So each layer is corrected for what reaches it from the quantized layers above
+(their weight errors, and the mean those errors gain through non-linearities such as hardswish
+or a squeeze-excitation gate), not only for its own weight error on float inputs: by
+construction, each corrected layer's mean output on the calibration data equals the float
+one's (up to float rounding).
 
 The float function changes (on purpose): the float model ``qlower`` compares against is the
 one captured before this pass. A bias read by other ops too is not changed: the layer gets a
@@ -29,31 +34,42 @@ aten = torch.ops.aten
 GEMMS = {aten.conv1d.default, aten.conv1d.padding, aten.conv2d.default, aten.conv2d.padding, aten.linear.default}
 
 
-class _Shifts(Interpreter):
-    """Runs the float graph; sums, per target layer, the mean output of its weight error."""
+class _Stepper(Interpreter):
+    """One batch through ``gm``, a node at a time (``step``), values freed after their last use.
+    ``weights``: per layer, the (weight, bias) to run it with instead of its own."""
 
-    def __init__(self, gm: GraphModule, errors: dict[Node, torch.Tensor]) -> None:
+    def __init__(self, gm: GraphModule, batch: tuple, weights: dict[Node, list] | None = None) -> None:
         super().__init__(gm)
-        self.errors = errors
-        self.sums: dict[Node, torch.Tensor] = {}
+        self.args_iter = iter(batch)
+        self.env = {}
+        self.weights = weights or {}
 
-    def run_node(self, n: Node):
-        out = super().run_node(n)
-        if n in self.errors:
+    def step(self, n: Node) -> object:
+        if n in self.weights:
             args, kwargs = self.fetch_args_kwargs_from_env(n)
-            args = (args[0], self.errors[n], None, *args[3:])
-            shift = n.target(*args, **kwargs).detach().to(torch.float64)
-            axis = shift.dim() - 1 if n.target is aten.linear.default else 1
-            mean = shift.movedim(axis, 0).reshape(shift.shape[axis], -1).mean(1)
-            self.sums[n] = self.sums.get(n, 0) + mean
+            w, b = self.weights[n]
+            out = n.target(args[0], w, b, *args[3:], **kwargs)
+        else:
+            out = self.run_node(n)
+        self.env[n] = out
+        for dead in self.user_to_last_uses.get(n, []):
+            del self.env[dead]
         return out
+
+
+def _axis(n: Node, out: torch.Tensor) -> int:
+    return out.dim() - 1 if n.target is aten.linear.default else 1
+
+
+def _channel_mean(x: torch.Tensor, axis: int) -> torch.Tensor:
+    return x.detach().to(torch.float64).movedim(axis, 0).reshape(x.shape[axis], -1).mean(1)
 
 
 def correct_biases(gm: GraphModule, batches: list[tuple], quant: QuantConfig) -> int:
     """Correct, in place, the bias of every conv / linear with a constant weight; returns how many."""
     written = written_nodes(gm)
     ctr = weight_observer(quant.weight_observer, quant.per_channel)
-    errors = {}
+    quantized: dict[Node, list] = {}
     for n in gm.graph.nodes:
         if n.op != "call_function" or n.target not in GEMMS:
             continue
@@ -66,20 +82,35 @@ def correct_biases(gm: GraphModule, batches: list[tuple], quant: QuantConfig) ->
         if not w.is_floating_point():
             continue
         w_q = fake_quantize_weight(w.float(), ctr, 0 if quant.per_channel else None, quant.weight_qmin,
-                                   quant.weight_qmax)
-        errors[n] = (w_q - w.float()).to(w.dtype)
-    if not errors or not batches:
+                                   quant.weight_qmax).to(w.dtype)
+        quantized[n] = [w_q, None if bias is None else attribute_tensor(gm, bias).detach()]
+    if not quantized or not batches:
         return 0
-    shifts = _Shifts(gm, errors)
+    corrections: dict[Node, torch.Tensor] = {}
     with torch.no_grad():
-        for batch in batches:
-            shifts.run(*batch)
+        # the quantized run gets its own copies of the inputs: an in-place op must not reach the float run
+        floats = [_Stepper(gm, b) for b in batches]
+        quants = [_Stepper(gm, tuple(x.clone() if isinstance(x, torch.Tensor) else x for x in b), quantized)
+                  for b in batches]
+        for n in gm.graph.nodes:
+            if n.op == "output":
+                break
+            outs_f = [s.step(n) for s in floats]
+            outs_q = [s.step(n) for s in quants]
+            if n not in quantized:
+                continue
+            axis = _axis(n, outs_f[0])
+            shift = torch.stack([_channel_mean(q, axis) - _channel_mean(f, axis)
+                                 for f, q in zip(outs_f, outs_q, strict=True)]).mean(0)
+            corrections[n] = shift
+            shape = [1] * outs_q[0].dim()
+            shape[axis] = -1
+            for s in quants:  # later layers read the corrected output
+                s.env[n] = s.env[n] - shift.to(s.env[n].dtype).reshape(shape)
     uses = Counter(n.target for n in gm.graph.nodes if n.op == "get_attr")
-    for n, total in shifts.sums.items():
-        bias = n.args[2] if len(n.args) > 2 else None
-        old = (attribute_tensor(gm, bias).detach().to(torch.float64) if bias is not None
-               else torch.zeros_like(total))
-        set_layer_bias(gm, n, old - total / len(batches), uses)
+    for n, shift in corrections.items():
+        bias = quantized[n][1]
+        old = bias.to(torch.float64) if bias is not None else torch.zeros_like(shift)
+        set_layer_bias(gm, n, old - shift, uses)
     gm.recompile()
-    return len(shifts.sums)
-
+    return len(corrections)
