@@ -9,7 +9,9 @@ the host (boundary quantize / dequantize left out), ``host`` every op a delegate
 host, by kind (constants, quantize and dequantize left out; the transposes at the model's boundary
 count), and on ``reference`` and ``cpu``, where everything runs on the host, the aten fallbacks.
 
-    python benchmarks/real_models.py [--models bert vit ...] [--targets cpu litert ...] [--json PATH]
+    python benchmarks/real_models.py [--models bert vit ...] [--targets cpu litert ...] [--set ci] [--json PATH]
+
+``--set ci`` measures the reduced forms tests/test_real_models.py runs in CI (``CI_MODELS``) instead.
 
 Output: a table, and benchmarks/results/real_models.json (or PATH).
 """
@@ -30,7 +32,7 @@ from qlower.reference import run_graph
 from qlower.testing.coverage import HOST_TARGETS, PLUMBING, on_host, op_shares
 from qlower.testing.differential import program_meaning
 from qlower.testing.frontend import FLOAT_BOUNDARY
-from qlower.testing.real_models import REAL_MODELS
+from qlower.testing.real_models import CI_MODELS, REAL_MODELS
 
 TARGETS = ("reference", "cpu", "tosa-1.0+int", "ethos-u55-128", "ethos-u85-256", "vgf+int", "litert", "tflm")
 RESULTS = Path(__file__).resolve().parent / "results" / "real_models.json"
@@ -52,8 +54,8 @@ def host_ops(prog) -> dict[str, int]:
     return dict(sorted(kinds.items()))
 
 
-def measure(name: str, targets: tuple[str, ...]) -> list[dict]:
-    entry = REAL_MODELS[name]
+def measure(name: str, targets: tuple[str, ...], models: dict = REAL_MODELS) -> list[dict]:
+    entry = models[name]
     model, example = entry.build()
     rows = []
     start = time.perf_counter()
@@ -100,13 +102,15 @@ def _line(r: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", default=list(REAL_MODELS))
+    parser.add_argument("--set", choices=("real", "ci"), default="real")
+    parser.add_argument("--models", nargs="*")
     parser.add_argument("--targets", nargs="*", default=list(TARGETS))
     parser.add_argument("--json", type=Path, default=RESULTS)
     args = parser.parse_args()
     print(f"{'model':<17} {'target':<14} {'outcome':<9} {'front s':>7} {'lower s':>7} {'parts':>5} {'integer':>9} "
           f"{'hostfl':>6} {'host':>5}  host ops")
-    rows = [r for name in args.models for r in measure(name, tuple(args.targets))]
+    models = CI_MODELS if args.set == "ci" else REAL_MODELS
+    rows = [r for name in args.models or list(models) for r in measure(name, tuple(args.targets), models)]
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(rows, indent=1))
     print(f"wrote {args.json}")
