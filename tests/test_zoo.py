@@ -54,6 +54,17 @@ def build(name: str) -> zoo.ZooModel:
     return zoo.get(name, S if zoo.default_size(name) else None)
 
 
+_BUILT: dict[str, zoo.ZooModel] = {}  # test_builds_runs_and_exports's builds, per process
+
+
+def built(name: str) -> zoo.ZooModel:
+    """The model test_builds_runs_and_exports built in this process (else a new build), for the tests
+    that only read it: building mobilenet_v2 or resnet18 estimates BN statistics on 256 images."""
+    if name not in _BUILT:
+        _BUILT[name] = build(name)
+    return _BUILT[name]
+
+
 def test_names_describe_and_unknown_name():
     assert zoo.names() == NAMES
     for name in NAMES:
@@ -87,7 +98,7 @@ def test_default_sizes():
 @pytest.mark.parametrize("name", list(SHAPES))  # the edge models: tests/test_zoo_edge_models.py
 def test_builds_runs_and_exports(name: str):
     rng_before = torch.get_rng_state()
-    model, example, config, calibration = build(name)
+    model, example, config, calibration = _BUILT[name] = build(name)
     assert torch.equal(torch.get_rng_state(), rng_before), "building must not disturb the global RNG"
     in_shapes, out_shape = SHAPES[name]
 
@@ -118,7 +129,7 @@ def test_builds_runs_and_exports(name: str):
 
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_deterministic(name: str):
-    a, b = build(name), build(name)
+    a, b = built(name), build(name)  # b is always a new build
     sa, sb = a.model.state_dict(), b.model.state_dict()
     assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
     for x, y in zip([a.example_inputs, *a.calibration_batches], [b.example_inputs, *b.calibration_batches]):
@@ -128,7 +139,7 @@ def test_deterministic(name: str):
 @pytest.mark.parametrize("name", BN_MODELS)
 def test_batchnorm_statistics_match_fresh_data(name: str):
     """Running stats must describe the data the model sees, not the (0, 1) defaults."""
-    model = build(name).model
+    model = built(name).model  # read only: the hooks below are removed again
     norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
     assert norms
     seen: dict[nn.Module, torch.Tensor] = {}
