@@ -362,7 +362,10 @@ int64_t qlw_dwconv_i8(const int8_t *restrict x, const int64_t *restrict g, const
     const int64_t *restrict sh = ch + 3 * C, *restrict hf = ch + 4 * C, *restrict rp = ch + 5 * C;
     const int64_t *restrict rn = ch + 6 * C;
     const out_params op = load_out(sc);
-    const int64_t T = KH * KW, P = (T + 1) / 2, C32 = (DW_PAIRS && w16 != NULL) ? C / 32 * 32 : 0;
+    const int64_t T = KH * KW, P = (T + 1) / 2;
+#if DW_PAIRS
+    const int64_t C32 = w16 != NULL ? C / 32 * 32 : 0;
+#endif
     int64_t flags = 0;
     _Pragma("omp parallel reduction(|:flags) if(N * OH * OW * C * T >= 8 * PAR_MIN)")
     {
