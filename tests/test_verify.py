@@ -45,14 +45,16 @@ def test_reference_report_covers_every_layer_within_one_step(tiny):
 
 @pytest.mark.slow
 def test_deep_network_drift_is_amplification_not_semantics():
-    """A random MobileNetV2 drifts many steps end to end, yet every layer alone is within 1 step."""
+    """A random MobileNetV2: every layer alone is within 1 step, and end to end too now that the fake-quant
+    model adds the int32 biases deployment adds (the drift of many steps this test once showed came from
+    the float bias at coarse accumulator scales, not from amplification)."""
     model, example, quant, calib = zoo.get("mobilenet_v2", size=32)
     prog = qlower.compile(model, example, target="reference", quant=quant, calibration=calib, progress=False)
     report = verify_program(prog, [example])
     assert report.ok, report.problems
     isolated = [r.isolated_vs_fake_quant for r in report.layers]
     assert all(c is not None and c.max_steps <= 1 for c in isolated)
-    assert max(r.ref_vs_fake_quant.max_steps for r in report.layers) > 1  # the drift this test is about
+    assert max(r.ref_vs_fake_quant.max_steps for r in report.layers) <= 1
 
 
 def test_tosa_report_looks_inside_the_partition(tiny):
