@@ -44,7 +44,7 @@ def test_reference_report_covers_every_layer_within_one_step(tiny):
 
 
 @pytest.mark.slow
-def test_deep_network_drift_is_amplification_not_semantics():
+def test_deep_network_reference_within_one_step_of_fake_quant():
     """A random MobileNetV2: every layer alone is within 1 step, and end to end too now that the fake-quant
     model adds the int32 biases deployment adds (the drift of many steps this test once showed came from
     the float bias at coarse accumulator scales, not from amplification)."""
