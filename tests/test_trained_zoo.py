@@ -94,6 +94,15 @@ def test_concurrent_requests_train_once(tmp_path):
     assert all(torch.equal(r.weight, results[0].weight) for r in results)
 
 
+def test_loading_a_cached_model_leaves_the_global_rng_alone(tmp_path):
+    path = tmp_path / "m.safetensors"
+    weights_cache.cached_or_trained(lambda: nn.Linear(4, 4), path, lambda: nn.Linear(4, 4))
+    state = torch.get_rng_state()
+    loaded = weights_cache.load_cached(lambda: nn.Linear(4, 4), path)
+    assert loaded is not None
+    assert torch.equal(torch.get_rng_state(), state)   # the caller's next draws don't depend on a cache hit
+
+
 def _accuracy(picks: np.ndarray, labels: torch.Tensor) -> float:
     return float(np.mean(picks == labels.numpy()[: len(picks)]))
 

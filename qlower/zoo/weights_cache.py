@@ -46,7 +46,8 @@ def load_cached(make: Callable[[], M], path: Path) -> M | None:
     """A fresh ``make()`` holding the weights of ``path`` (eval mode), or None if there is no usable file."""
     if not path.is_file():
         return None
-    model = make()
+    with torch.random.fork_rng(devices=[]):   # the initial weights are overwritten: draw them off the caller's RNG
+        model = make()
     try:
         model.load_state_dict(load_file(path), strict=True)
     except Exception:  # noqa: BLE001  (a corrupt or mismatched file: retrain instead of failing)
