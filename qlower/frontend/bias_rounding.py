@@ -26,7 +26,7 @@ def round_biases(gm: GraphModule) -> int:
     """Replace, in place, the float bias of every conv / linear whose input and weight are dequantized
     with constant scales by ``codes * s_in * s_w`` (float32), ``codes`` the int32 the importer computes;
     returns how many. A bias whose codes don't fit int32 (the importer refuses it) is left as it is."""
-    from qlower.frontend.pt2e_input import _accumulator_scales
+    from qlower.frontend.pt2e_input import accumulator_scales  # here: pt2e_input imports this module
 
     rounded = 0
     for gemm in list(gm.graph.nodes):
@@ -36,7 +36,7 @@ def round_biases(gm: GraphModule) -> int:
         if not isinstance(bias, Node) or bias.op != "get_attr":
             continue
         value = attribute_tensor(gm, bias)
-        scales = _accumulator_scales(gm, gemm)
+        scales = accumulator_scales(gm, gemm)
         if value.dtype != torch.float32 or value.dim() != 1 or scales is None or scales.size not in (1, value.numel()):
             continue
         b = value.detach().double().numpy()

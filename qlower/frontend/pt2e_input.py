@@ -260,7 +260,7 @@ def _check_bias(gm: GraphModule, node: Node, gemm: Node, codes: torch.Tensor | N
     zps = _constant(gm, zps) if isinstance(zps, Node) else torch.as_tensor(zps)
     if codes is None or scales is None or p["dtype"] != torch.int32 or (zps is not None and bool((zps != 0).any())):
         raise refuse(node, f"a {_dtype_name(p['dtype'])} bias of {gemm.target}", takes)
-    expected = _accumulator_scales(gm, gemm)
+    expected = accumulator_scales(gm, gemm)
     got = np.broadcast_to(scales.double().numpy(), codes.shape)
     if expected is None or not np.allclose(got, np.broadcast_to(expected, codes.shape), rtol=1e-6, atol=0):
         raise refuse(node, f"an int32 bias of {gemm.target} at scale {got.ravel()[:1]} (input scale x weight "
@@ -274,7 +274,7 @@ def _check_bias(gm: GraphModule, node: Node, gemm: Node, codes: torch.Tensor | N
     node.replace_all_uses_with(float_bias)
 
 
-def _accumulator_scales(gm: GraphModule, gemm: Node) -> np.ndarray | None:
+def accumulator_scales(gm: GraphModule, gemm: Node) -> np.ndarray | None:
     """input scale x weight scale(s) of a conv / linear whose operands are dequantized, else None."""
     def scale_of(dq: object) -> np.ndarray | None:
         if not isinstance(dq, Node) or dq.op != "call_function" or dq.target not in _ops()["dequantize"]:
