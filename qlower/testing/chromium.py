@@ -13,6 +13,7 @@ import base64
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -46,7 +47,9 @@ class Chromium:
         if binary is None:
             raise BrowserError("Chromium is needed (scripts/setup_browser.sh installs Debian's chromium)")
         self.timeout = timeout
-        self._profile = tempfile.TemporaryDirectory(prefix="qlower-chromium-")
+        # a renderer still exiting may write to the profile while it is removed: a leftover temp
+        # directory is harmless, an error there would fail a test that passed
+        self._profile = tempfile.TemporaryDirectory(prefix="qlower-chromium-", ignore_cleanup_errors=True)
         to_browser_r, self._to_browser = _high_pipe()
         self._from_browser, from_browser_w = _high_pipe()
         # the child sees its ends as fds 3 and 4, as --remote-debugging-pipe expects (moved there by
@@ -57,7 +60,7 @@ class Chromium:
              binary, *FLAGS, f"--user-data-dir={self._profile.name}", f"--window-size={width},{height}",
              "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            pass_fds=(to_browser_r, from_browser_w))
+            pass_fds=(to_browser_r, from_browser_w), start_new_session=True)  # its own group: close() kills all
         os.close(to_browser_r)
         os.close(from_browser_w)
         self._buffer = b""
@@ -81,7 +84,10 @@ class Chromium:
                 os.close(fd)
             except OSError:
                 pass
-        self._proc.kill()
+        try:   # the browser and its renderer / GPU / zygote children, not the browser alone
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self._proc.wait(timeout=30)
         self._profile.cleanup()
 
