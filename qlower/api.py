@@ -175,17 +175,19 @@ def sensitivity(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | 
 
 
 def prepare_qat(model: Any, example_inputs: Sequence[Any], quant: QuantConfig | None = DEFAULT_QUANT,
-                calibration: Sequence[Sequence[Any]] | None = None):
+                calibration: Sequence[Sequence[Any]] | None = None, learn_scales: str | bool = "weights"):
     """Quantization-aware training: a trainable copy of ``model`` with qlower's quantization (``quant``,
     static: the same per-channel / per-tensor weights, activation range and dtype as ``compile``) as
     fake-quants, batch norms folded as training needs them, ranges initialised on ``calibration``
     (default: the example inputs). Train it (``.train()`` / ``.eval()`` work; ``qlower.frontend.qat.
     freeze_ranges`` stops the ranges moving), then ``compile(qat_model, example_inputs, target)``
-    compiles it with the learned scales, without calibration. See frontend/qat.py."""
+    compiles it with the learned scales, without calibration. ``learn_scales``: which scales are
+    parameters trained with the model (LSQ): ``"weights"``, ``"all"`` or ``"none"`` (min/max). See
+    frontend/qat.py."""
     from qlower.frontend.qat import prepare_qat as prepare
 
     with TRACING:
-        return prepare(model, example_inputs, quant, calibration)
+        return prepare(model, example_inputs, quant, calibration, learn_scales)
 
 
 def tflite_exact_kernels(program: Program) -> tuple[str, ...]:

@@ -45,6 +45,7 @@ from torchao.quantization.pt2e.quantizer import QuantizationSpec, SharedQuantiza
 from qlower.errors import ConfigError, QlowerError
 from qlower.frontend.config import QuantConfig
 from qlower.frontend.constants import attribute_tensor
+from qlower.frontend.learned_scales import LearnedScaleFakeQuantize, learned_fake_quants
 from qlower.frontend.quantizer import ACTIVATIONS, QlowerQuantizer, _annotate, _one_domain, packet
 from qlower.frontend.source import describe_node
 
@@ -53,28 +54,37 @@ BATCH_NORMS = {aten.batch_norm, aten._native_batch_norm_legit, aten.cudnn_batch_
 CONVS = {aten.conv1d, aten.conv2d}  # what torchao's QAT fold takes (a linear -> batch norm trains in float)
 
 
-def _fake_quant(spec: QuantizationSpec, weight: bool) -> QuantizationSpec:
+def _fake_quant(spec: QuantizationSpec, weight: bool, learn: bool) -> QuantizationSpec:
     """``spec`` with its observer replaced by a fake-quant: weights observe each step's tensor only
-    (averaging constant 1), activations a moving average."""
+    (averaging constant 1), activations a moving average; with ``learn``, the observed scale only
+    initialises a learned one (learned_scales.py)."""
     if isinstance(spec.observer_or_fake_quant_ctr, type) and issubclass(spec.observer_or_fake_quant_ctr,
                                                                          FakeQuantize):
         return spec
     per_channel = spec.qscheme in (torch.per_channel_symmetric, torch.per_channel_affine)
     observer = MovingAveragePerChannelMinMaxObserver if per_channel else MovingAverageMinMaxObserver
     kwargs = {"averaging_constant": 1.0} if weight else {}
+    if learn:
+        return replace(spec, observer_or_fake_quant_ctr=LearnedScaleFakeQuantize.with_args(
+            observer=observer, weight=weight, **kwargs))
     return replace(spec, observer_or_fake_quant_ctr=FakeQuantize.with_args(observer=observer, **kwargs))
+
+
+LEARN_SCALES = {"none": (False, False), "weights": (True, False), "all": (True, True)}  # (weights, activations)
+DEFAULT_LEARN_SCALES = "weights"
 
 
 class QatQuantizer(QlowerQuantizer):
     """The QlowerQuantizer's annotation of a model exported in training mode, with fake-quants, its
     conv -> batch norm pairs first rewritten for training (``fuse_conv_bn``)."""
 
-    def __init__(self, config: QuantConfig) -> None:
+    def __init__(self, config: QuantConfig, learn_scales: str = "none") -> None:
         if config.mode != "static":
             raise ConfigError("prepare_qat trains static quantization: QuantConfig(mode='static'); dynamic "
                               "quantization chooses its activation scales at run time and has nothing to learn")
         super().__init__(config, observe_weights_once=False)
         self._fused: list[FusedConvBn] = []
+        self._learn_weights, self._learn_activations = LEARN_SCALES[learn_scales]
 
     def transform_for_annotation(self, model: GraphModule) -> GraphModule:
         self._fused = fuse_conv_bn(model)  # a lone batch norm trains (and runs) in float
@@ -100,10 +110,13 @@ class QatQuantizer(QlowerQuantizer):
             if ann is None:
                 continue
             ann.input_qspec_map = {a: s if s is None or isinstance(s, SharedQuantizationSpec)
-                                   else _fake_quant(s, id(s) in weights) for a, s in ann.input_qspec_map.items()}
+                                   else self._fake_quant(s, id(s) in weights) for a, s in ann.input_qspec_map.items()}
             if isinstance(ann.output_qspec, QuantizationSpec):
-                ann.output_qspec = _fake_quant(ann.output_qspec, False)
+                ann.output_qspec = self._fake_quant(ann.output_qspec, False)
         return model
+
+    def _fake_quant(self, spec: QuantizationSpec, weight: bool) -> QuantizationSpec:
+        return _fake_quant(spec, weight, self._learn_weights if weight else self._learn_activations)
 
     def prepare_obs_or_fq_callback(self, model: GraphModule, edge_or_node_to_obs_or_fq: dict) -> None:
         """Pinned values (QuantConfig.fixed) keep their scale while training: a fixed-qparams fake-quant."""
@@ -269,17 +282,24 @@ def set_training(gm: GraphModule, mode: bool = True) -> GraphModule:
 
 
 def prepare_qat(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: QuantConfig | None = None,
-                calibration: Sequence[Sequence[torch.Tensor]] | None = None) -> GraphModule:
+                calibration: Sequence[Sequence[torch.Tensor]] | None = None,
+                learn_scales: str | bool = DEFAULT_LEARN_SCALES) -> GraphModule:
     """A trainable copy of ``model`` with qlower's quantization as fake-quants (``quant``, default
     ``QuantConfig()``; static only), its ranges initialised on ``calibration`` (default: the example
     inputs), in training mode. Train it as usual: ``.train()`` / ``.eval()`` switch its batch norms,
     dropout and range observation; ``freeze_ranges`` stops the ranges moving. Then
     ``qlower.compile(qat_model, example_inputs, target)`` compiles it with the learned scales, without
     calibration. The batch dimension (dim 0 of every input) is exported as dynamic when the model
-    allows it, so training batches and the compile's example inputs may differ in batch size."""
+    allows it, so training batches and the compile's example inputs may differ in batch size.
+
+    ``learn_scales``: ``"weights"`` (the weights' scales are parameters trained with the model, LSQ,
+    initialised from min/max: learned_scales.py), ``"all"`` (the activations' too), ``"none"`` (every
+    scale follows min/max: the weights' current values, the activations' moving average); ``True`` is
+    ``"all"``, ``False`` ``"none"``. ``scale_parameters(model)`` lists the learned ones."""
     from qlower.frontend.arguments import check_calibration, check_example_inputs, check_model, check_quant
     from qlower.frontend.capture import _stage
 
+    learn_scales = _check_learn_scales(learn_scales)
     quant = check_quant(quant if quant is not None else QuantConfig())
     if quant.auto_int16:
         raise ConfigError("prepare_qat takes a QuantConfig without auto_int16: set layer_dtypes (the int16 "
@@ -291,7 +311,7 @@ def prepare_qat(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant:
         raise ConfigError(f"prepare_qat trains its ranges (a moving average of min/max) and the weights themselves; "
                           f"{', '.join(f'{k}={v!r}' for k, v in ptq_only.items())} set(s) post-training calibration "
                           "or weight rewrites, which QAT would silently ignore: leave them at their defaults")
-    quantizer = QatQuantizer(quant)
+    quantizer = QatQuantizer(quant, learn_scales)
     model = check_model(model)
     example_inputs = check_example_inputs(example_inputs)
     calibration = [_batch_checked(b, i, example_inputs, check_calibration)
@@ -310,7 +330,19 @@ def prepare_qat(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant:
     with torch.no_grad():
         for batch in calibration:
             prepared(*batch)
+    for fq in learned_fake_quants(prepared):
+        fq.start_learning()
+    prepared.qlower_learn_scales = learn_scales
     return set_training(prepared, True)
+
+
+def _check_learn_scales(learn_scales: object) -> str:
+    if learn_scales is True or learn_scales is False:
+        return "all" if learn_scales else "none"
+    if not isinstance(learn_scales, str) or learn_scales not in LEARN_SCALES:
+        raise ConfigError(f"prepare_qat's learn_scales={learn_scales!r}: choose one of "
+                          f"{', '.join(map(repr, LEARN_SCALES))} (or True for 'all', False for 'none')")
+    return learn_scales
 
 
 def _prepare_qat_pt2e(gm: GraphModule, quantizer: QatQuantizer) -> GraphModule:
@@ -372,12 +404,15 @@ def _export_for_training(model: nn.Module, example_inputs: tuple[torch.Tensor, .
 
 
 def freeze_ranges(model: GraphModule) -> GraphModule:
-    """Stop the fake-quants of a ``prepare_qat`` model observing: their scales stay where training left
-    them, also through later ``.train()`` calls (the last epochs usually train with frozen ranges)."""
+    """Stop the fake-quants of a ``prepare_qat`` model observing, and its learned scales learning: the
+    scales stay where training left them, also through later ``.train()`` calls (the last epochs usually
+    train with frozen ranges)."""
     from torchao.quantization.pt2e.fake_quantize import disable_observer
 
     model.qlower_frozen = True
     model.apply(disable_observer)
+    for fq in learned_fake_quants(model):
+        fq.stop_learning()
     return model
 
 
