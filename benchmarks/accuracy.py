@@ -85,9 +85,13 @@ QAT_METHODS = [("per-tensor QAT", QuantConfig(per_channel=False)),
                ("W4 per-tensor QAT", QuantConfig(per_channel=False, **W4))]
 
 
-def _row(label: str, quality, seconds: float, error: str = "", cpu: float | None = None) -> dict:
+def _row(label: str, quality, seconds: float, error: str = "", cpu: float | None = None,
+         quantize_only: bool = False) -> dict:
+    """One table row; ``compile_s`` / ``compile_cpu_s`` time ``timed``: the whole compile to the reference target
+    or (``--quantize-only``) the frontend's quantization alone."""
     return {"method": label, **({} if quality is None else asdict(quality)), "compile_s": round(seconds, 2),
-            **({} if cpu is None else {"compile_cpu_s": round(cpu, 2)}), **({"error": error} if error else {})}
+            **({} if cpu is None else {"compile_cpu_s": round(cpu, 2)}),
+            "timed": "quantize" if quantize_only else "compile", **({"error": error} if error else {})}
 
 
 def qat_model(name: str, model, example, quant: QuantConfig, calibration, epochs: int = QAT_EPOCHS,
@@ -159,7 +163,7 @@ def measure(name: str, limit: int | None, qat: bool, results: dict, save, words:
                                          None if source is not model else calibration, quantize_only)
             seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             row = _row(label, quantization_quality(model, fake_quant, data, limit=limit, reference=reference),
-                       seconds, cpu=cpu)
+                       seconds, cpu=cpu, quantize_only=quantize_only)
         except Exception as e:  # noqa: BLE001  (a benchmark row reports its failure and the table goes on)
             row = _row(label, None, time.perf_counter() - t0, f"{type(e).__name__}: {str(e)[:300]}")
         entry["rows"] = [r for r in entry["rows"] if r["method"] != label] + [row]
@@ -174,8 +178,9 @@ def measure(name: str, limit: int | None, qat: bool, results: dict, save, words:
 def _line(row: dict) -> str:
     if "error" in row:
         return f"{row['method']:34s} failed: {row['error'][:100]}"
+    cpu = f"{row['compile_cpu_s']:7.1f}" if "compile_cpu_s" in row else f"{'':7s}"
     return (f"{row['method']:34s} {100 * row['quantized']:6.2f}% {100 * row['agreement']:6.2f}% "
-            f"{row['sqnr_db']:7.2f} {row['compile_s']:7.1f}")
+            f"{row['sqnr_db']:7.2f} {row['compile_s']:7.1f} {cpu} {row.get('timed', '')}")
 
 
 def table(results: list[dict]) -> str:
@@ -184,7 +189,7 @@ def table(results: list[dict]) -> str:
         size = "x".join(map(str, r.get("size", [])))
         lines.append(f"{r['model']} ({size}) on digits-hard ({r['images']} images, calibrated on "
                      f"{r.get('calibration', 'clean')}): fp32 {100 * r['fp32']:.2f}%")
-        lines.append(f"  {'method':34s} {'top-1':>7s} {'agree':>7s} {'SQNR dB':>7s} {'compile s':>9s}")
+        lines.append(f"  {'method':34s} {'top-1':>7s} {'agree':>7s} {'SQNR dB':>7s} {'wall s':>7s} {'CPU s':>7s} timed")
         lines += [f"  {_line(row)}" for row in r["rows"]]
     return "\n".join(lines)
 
