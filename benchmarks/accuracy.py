@@ -7,7 +7,7 @@ occlusion, where fp32 is off the ceiling): fp32 top-1, then per quantization met
 fp32, output SQNR (dB) and the compile time (``qlower.compile`` to the reference target, calibration
 included). Methods: int8 per-channel and per-tensor weights x each activation observer (minmax, histogram,
 percentile, mse), mse weights, + equalization and bias correction, + SmoothQuant (ViT), A16W8, QAT
-(``qlower.prepare_qat``, ``QAT_EPOCHS`` epochs from the trained weights); and the lossy settings where
+(``qlower.prepare_qat`` from the trained weights, benchmarks/qat.py's fine-tuning recipe); and the lossy settings where
 quantization visibly costs accuracy on these small models: 4-bit weights (``weight_qmin=-7, weight_qmax=7``,
 still int8 codes, so every target runs them exactly) per tensor and per channel, with min/max, + equalization
 and bias correction, and QAT.
@@ -45,19 +45,16 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from qat import Recipe, finetune  # benchmarks/qat.py
 
 import qlower
 from qlower import QuantConfig, zoo
 from qlower.frontend.capture import capture
-from qlower.frontend.qat import freeze_ranges
 from qlower.verification.accuracy import float_outputs, quantization_quality
 from qlower.zoo import digits, trained
-from qlower.zoo.training import shift
 
 HERE = Path(__file__).resolve().parent
 OBSERVERS = ["minmax", "histogram", "percentile", "mse"]
-QAT_EPOCHS, QAT_LR, QAT_BATCH = 3, 1e-4, 64
 W4 = {"weight_qmin": -7, "weight_qmax": 7}  # 4-bit weights in int8 codes
 CALIBRATION_SEED = 28_000  # the calibration images' distortion (the held-out split's are HARD_SEED + k)
 
@@ -94,26 +91,12 @@ def _row(label: str, quality, seconds: float, error: str = "", cpu: float | None
             "timed": "quantize" if quantize_only else "compile", **({"error": error} if error else {})}
 
 
-def qat_model(name: str, model, example, quant: QuantConfig, calibration, epochs: int = QAT_EPOCHS,
-              lr: float = QAT_LR, seed: int = 28):
-    """``model`` fine-tuned ``epochs`` epochs with ``qlower.prepare_qat(quant)`` on its training digits
-    (Adam at ``lr``, the recipe's shift augmentation, ranges frozen for the last epoch); in eval mode."""
-    qat = qlower.prepare_qat(model, example, quant, calibration)
-    x_train, y_train, _, _ = zoo.digits.dataset() if name == "digits_cnn" else trained.dataset()
-    opt = torch.optim.Adam(qat.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed)
-    qat.train()
-    for epoch in range(epochs):
-        if epoch == epochs - 1 and epochs > 1:
-            freeze_ranges(qat)
-        order = torch.randperm(len(y_train), generator=g)
-        for start in range(0, len(order), QAT_BATCH):
-            index = order[start:start + QAT_BATCH]
-            opt.zero_grad()
-            x = shift(x_train[index], 0 if name == "digits_cnn" else 2, g)
-            F.cross_entropy(qat(x), y_train[index]).backward()
-            opt.step()
-    return qat.eval()
+def qat_model(name: str, model, example, quant: QuantConfig, calibration, recipe: Recipe | None = None):
+    """``model`` fine-tuned by benchmarks/qat.py's ``finetune`` (one QAT recipe for both benchmarks:
+    ``qlower.prepare_qat`` with ranges initialised on ``calibration``, learned weight scales, batch norms
+    frozen early, training digits under the digits-hard distortion); in eval mode. ``example`` is the
+    zoo's, which ``finetune`` uses."""
+    return finetune(name, quant, recipe or Recipe(), show=False, model=model, calibration=calibration)[0]
 
 
 def hard_calibration(calibration: list[tuple]) -> list[tuple]:

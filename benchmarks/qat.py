@@ -32,10 +32,11 @@ import torch.nn.functional as F
 
 import qlower
 from qlower import zoo
+from qlower.frontend.learned_scales import scale_parameters
 from qlower.frontend.qat import freeze_batch_norms, freeze_ranges
 from qlower.progress import progress_bar
 from qlower.verification.accuracy import float_outputs, quantization_quality
-from qlower.zoo import trained
+from qlower.zoo import digits, trained
 from qlower.zoo.training import shift
 
 W4 = {"weight_qmin": -7, "weight_qmax": 7}  # 4-bit weights in int8 codes
@@ -51,6 +52,10 @@ DEFAULT = [("mobilenet_v2", "w4_per_tensor"), ("mobilenet_v2", "int8_per_channel
 OUT = Path(__file__).parent / "results" / "qat.json"
 
 
+TRAIN_SEED = 29_000  # batch k of the fine-tuning is distorted with seed TRAIN_SEED + k: none is digits-hard's
+# (digits.HARD_SEED + 0/1) nor the calibration's (accuracy.CALIBRATION_SEED)
+
+
 @dataclass(frozen=True)
 class Recipe:
     steps: int = 150
@@ -59,15 +64,33 @@ class Recipe:
     bn_freeze: int = 20  # steps on batch statistics before the batch norms freeze
     range_freeze: float = 0.7  # share of the steps after which the ranges freeze
     seed: int = 2800
+    learn_scales: str = "weights"  # prepare_qat's: which scales are trained (LSQ)
+    scale_lr: float = 1e-2  # Adam's learning rate for the log-scales (a relative change per step)
+    distort: bool = True  # fine-tune on training digits under digits-hard's distortion (own seeds)
 
 
-def finetune(name: str, quant: qlower.QuantConfig, recipe: Recipe, show: bool = True):
-    """The trained zoo model ``name`` prepared for QAT with ``quant`` and fine-tuned by ``recipe``; in eval
-    mode, with the mean training loss of its first and last 20 steps."""
-    model, example, _, calibration = zoo.get(name, trained=True)
-    qat = qlower.prepare_qat(model, example, quant, calibration)
+def hard_calibration(calibration: list[tuple]) -> list[tuple]:
+    """The calibration images under the digits-hard distortion, drawn from ``CALIBRATION_SEED``: what
+    accuracy.py calibrates PTQ on (imported here, as accuracy.py imports this module's fine-tuning)."""
+    from accuracy import hard_calibration as hard
+
+    return hard(calibration)
+
+
+def finetune(name: str, quant: qlower.QuantConfig, recipe: Recipe, show: bool = True, model=None,
+             calibration=None):
+    """The trained zoo model ``name`` (or ``model``, with the zoo's example inputs) prepared for QAT with
+    ``quant`` (ranges initialised on ``calibration``, default the zoo's calibration images under the
+    digits-hard distortion) and fine-tuned by ``recipe``; in eval mode, with the mean training loss of
+    its first and last 20 steps."""
+    zoo_model, example, _, zoo_calibration = zoo.get(name, trained=True)
+    calibration = calibration if calibration is not None else hard_calibration(zoo_calibration)
+    qat = qlower.prepare_qat(model if model is not None else zoo_model, example, quant, calibration,
+                             learn_scales=recipe.learn_scales)
     x_train, y_train, _, _ = zoo.digits.dataset() if name == "digits_cnn" else trained.dataset()
-    opt = torch.optim.Adam(qat.parameters(), lr=recipe.lr)
+    scales = scale_parameters(qat)
+    weights = [p for p in qat.parameters() if all(p is not s for s in scales)]
+    opt = torch.optim.Adam([{"params": weights}, {"params": scales, "lr": recipe.scale_lr}], lr=recipe.lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, recipe.steps)
     g = torch.Generator().manual_seed(recipe.seed)
     order = torch.randperm(len(y_train), generator=g)
@@ -84,11 +107,14 @@ def finetune(name: str, quant: qlower.QuantConfig, recipe: Recipe, show: bool = 
                 order, start = torch.randperm(len(y_train), generator=g), 0
             index = order[start:start + recipe.batch]
             opt.zero_grad()
-            loss = F.cross_entropy(qat(shift(x_train[index], 0 if name == "digits_cnn" else 2, g)), y_train[index])
+            x = shift(x_train[index], 0 if name == "digits_cnn" else 2, g)
+            if recipe.distort:
+                x = digits.distort(x, TRAIN_SEED + step)
+            loss = F.cross_entropy(qat(x), y_train[index])
             loss.backward()
             opt.step()
             schedule.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
             bar.update()
             if not show and (step + 1) % 25 == 0:
@@ -108,11 +134,12 @@ def run_case(name: str, config: str, recipe: Recipe, show: bool) -> dict:
     reference = float_outputs(model, data)
     row: dict = {"model": name, "config": config, "recipe": asdict(recipe), "images": len(data.labels),
                  "fp32_top1": float(np.mean(reference.argmax(1) == data.labels.numpy()))}
+    calibration = hard_calibration(calibration)
     t0 = time.perf_counter()
     ptq = qlower.compile(model, example, "reference", quant, calibration, progress=False)
     row.update(_quality("ptq", model, ptq, data, reference), ptq_seconds=round(time.perf_counter() - t0, 1))
     t0 = time.perf_counter()
-    qat, (first, last) = finetune(name, quant, recipe, show)
+    qat, (first, last) = finetune(name, quant, recipe, show, calibration=calibration)
     row.update(qat_loss_first=round(first, 4), qat_loss_last=round(last, 4),
                qat_train_seconds=round(time.perf_counter() - t0, 1))
     prog = qlower.compile(qat, example, "reference", progress=False)
@@ -138,12 +165,18 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=Recipe.batch)
     parser.add_argument("--lr", type=float, default=Recipe.lr)
     parser.add_argument("--bn-freeze", type=int, default=Recipe.bn_freeze)
+    parser.add_argument("--range-freeze", type=float, default=Recipe.range_freeze)
+    parser.add_argument("--learn-scales", default=Recipe.learn_scales, choices=["none", "weights", "all"])
+    parser.add_argument("--scale-lr", type=float, default=Recipe.scale_lr)
+    parser.add_argument("--clean", action="store_true", help="fine-tune on the clean training digits")
     parser.add_argument("--redo", action="store_true", help="measure the rows the JSON file holds again")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
     torch.set_num_threads(2)
-    recipe = Recipe(steps=args.steps, batch=args.batch, lr=args.lr, bn_freeze=args.bn_freeze)
+    recipe = Recipe(steps=args.steps, batch=args.batch, lr=args.lr, bn_freeze=args.bn_freeze,
+                    range_freeze=args.range_freeze, learn_scales=args.learn_scales, scale_lr=args.scale_lr,
+                    distort=not args.clean)
     cases = DEFAULT if not args.models else [(m, c) for m in args.models for c in (args.configs or ["w4_per_tensor"])]
     out = Path(args.out)
     saved = json.loads(out.read_text()) if out.exists() else {}
