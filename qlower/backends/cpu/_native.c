@@ -600,6 +600,30 @@ static inline void requant_store16(__m512i acc, const rq16 *q, const out_params 
 
 int64_t qlw_has_qgemm(void) { return 1; }
 
+/* The fast requantization (fastrq.py proves when it is exact): 16 int32 accumulators acc (the exact raw sums)
+ * to clamped int32 codes with two vpmuldq. Per 64-bit lane, V = acc * m + R in wrapping int64, where
+ * R = off * m + 2**(s-1) + out_zp * 2**s folds the offset (v = acc + off is the true accumulator, which fits
+ * int32), SINGLE_ROUND's rounding term and the zero point; |V| < 2**63, so the wrapped sum is V, and
+ * V >> s = ((v * m + 2**(s-1)) >> s) + out_zp exactly. 32 <= s: an even lane shifts by s (the result is in its
+ * low dword), an odd lane by s - 32 (the result's low 32 bits are then its high dword); one blend takes both,
+ * |result| < 2**31. Then one clamp to [lo, hi], the composition of the rescale's and a fused clamp's.
+ * ch: per 16 lanes, 6 rows of 8 int64: m of the even lanes, m of the odd lanes, R even, R odd, s even, s - 32 odd. */
+typedef struct { __m512i me, mo, re, ro, se, so; } rqf16;
+
+static inline rqf16 load_rqf16(const int64_t *restrict ch, int64_t group) {
+    const int64_t *p = ch + group * 48;
+    rqf16 q = {_mm512_loadu_si512(p), _mm512_loadu_si512(p + 8), _mm512_loadu_si512(p + 16),
+               _mm512_loadu_si512(p + 24), _mm512_loadu_si512(p + 32), _mm512_loadu_si512(p + 40)};
+    return q;
+}
+
+static inline __m512i fast_requant16(__m512i acc, const rqf16 *q, __m512i lo, __m512i hi) {
+    const __m512i odd = _mm512_shuffle_epi32(acc, _MM_PERM_CDAB);   /* odd dwords to the low halves */
+    const __m512i te = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mul_epi32(acc, q->me), q->re), q->se);
+    const __m512i to = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mul_epi32(odd, q->mo), q->ro), q->so);
+    return _mm512_min_epi32(_mm512_max_epi32(_mm512_mask_blend_epi32(0xAAAA, te, to), lo), hi);
+}
+
 /* One tile: R rows (R <= 4) x V vectors of 16 channels (V <= 4); R == V == 4 is the hot case, with every
  * bound a constant so that the 16 accumulators stay in registers. */
 #define QGEMM_TILE(NAME, RMAX, VMAX)                                                                  \
@@ -627,6 +651,8 @@ void qlw_qgemm_i8(const int8_t *restrict x, int64_t M, int64_t K, int64_t N, con
                   const int64_t *restrict ch, const int64_t *restrict sc, int8_t *restrict y) {
     const int64_t NP = (N + 15) / 16 * 16, KP = (K + 3) / 4 * 4, nb = (NP / 16 + 3) / 4, mb = (M + 3) / 4;
     const out_params o = load_out(sc);
+    const int64_t fast = sc[5];   /* 1: ch holds rqf16 parameters (fast_requant16), lo/hi in sc[3], sc[4] */
+    const __m512i flo = _mm512_set1_epi32((int32_t)o.lo2), fhi = _mm512_set1_epi32((int32_t)o.hi2);
     _Pragma("omp parallel for collapse(2) schedule(static) if(M * NP * KP >= 32 * PAR_MIN)")
     for (int64_t bn = 0; bn < nb; bn++) {
         for (int64_t bm = 0; bm < mb; bm++) {
@@ -641,16 +667,146 @@ void qlw_qgemm_i8(const int8_t *restrict x, int64_t M, int64_t K, int64_t N, con
             else if (rows == 4 && vecs == 1) qgemm_tile_4x1(xb, K, KP, wb, 4, 1, acc);
             else qgemm_tile_any(xb, K, KP, wb, rows, vecs, acc);
             for (int64_t v = 0; v < vecs; v++) {
-                const rq16 q = load_rq16(ch, v0 + v);
                 const int64_t c = (v0 + v) * 16;
-                for (int64_t r = 0; r < rows; r++)
-                    requant_store16(acc[r][v], &q, o, y + (m0 + r) * N + c, N - c);
+                const __mmask16 keep = (__mmask16)(N - c >= 16 ? 0xFFFF : (1u << (N - c)) - 1);
+                if (fast) {
+                    const rqf16 q = load_rqf16(ch, v0 + v);
+                    for (int64_t r = 0; r < rows; r++)
+                        _mm512_mask_cvtepi32_storeu_epi8(y + (m0 + r) * N + c, keep,
+                                                         fast_requant16(acc[r][v], &q, flo, fhi));
+                } else {
+                    const rq16 q = load_rq16(ch, v0 + v);
+                    for (int64_t r = 0; r < rows; r++)
+                        requant_store16(acc[r][v], &q, o, y + (m0 + r) * N + c, N - c);
+                }
             }
         }
     }
 }
+
+/* Depthwise convolution with the fast requantization, on AVX-512 VNNI + VBMI (conv.py decides when it applies):
+ * NHWC int8 x, C channels, g as in qlw_dwconv_i8. Each output pixel takes its taps in pairs (a, b) from tp (the
+ * input pixel, or a row of x_zp codes for taps in the padding; an odd count gets a zero-weight tap), 32
+ * channels at a time: the int8 codes sign-extended to int16 (not centered: the x_zp * sum(w) term is folded
+ * into the requantization's offset), interleaved channel by channel within each 128-bit lane
+ * (vpunpck{l,h}wd) and multiplied-added with vpdpwssd against w16 (pair_weights' layout, ceil(C / 32)
+ * blocks, zero weights past C). Every product and sum is exact in wrapping int32: the raw sum sum x * w is
+ * bounded by 128 * sum|w| <= 2**31 - 1 (the caller's proof). The two accumulators hold channels
+ * 8l + j (lo) and 8l + 4 + j (hi), l, j < 4: rq holds the fast requantization's parameters in that lane
+ * order (2 groups of 16 lanes per block of 32 channels), and one vpermt2b puts the 32 codes back in channel
+ * order. sc: lo, hi (the output clamp). Threads split the output rows. */
+#if defined(__AVX512VBMI__)
+static inline __m512i dw_fast_load(const int8_t *p, __mmask32 m, int tail) {
+    return _mm512_cvtepi8_epi16(tail ? _mm256_maskz_loadu_epi8(m, p) : _mm256_loadu_si256((const __m256i *)p));
+}
+
+/* count output pixels of one block of 32 channels [c0, c0 + 32): pixel i's tap t at tp[t] + i * step + c0 */
+static inline void dw_fast_run(const int8_t *const *restrict tp, int64_t step, int64_t count, int64_t c0,
+                               const int16_t *restrict wb, int64_t P, const int64_t *restrict rq, __m512i lo,
+                               __m512i hi, __m512i order, int8_t *restrict out, int64_t ostep, __mmask32 m,
+                               int tail) {
+    const rqf16 q0 = load_rqf16(rq, 0), q1 = load_rqf16(rq, 1);
+    for (int64_t i = 0; i < count; i++) {
+        const int64_t d = i * step + c0;
+        __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+        for (int64_t p = 0; p < P; p++) {
+            const __m512i a = dw_fast_load(tp[2 * p] + d, m, tail), b = dw_fast_load(tp[2 * p + 1] + d, m, tail);
+            a0 = _mm512_dpwssd_epi32(a0, _mm512_unpacklo_epi16(a, b), _mm512_loadu_si512(wb + p * 64));
+            a1 = _mm512_dpwssd_epi32(a1, _mm512_unpackhi_epi16(a, b), _mm512_loadu_si512(wb + p * 64 + 32));
+        }
+        const __m512i codes = _mm512_permutex2var_epi8(fast_requant16(a0, &q0, lo, hi), order,
+                                                       fast_requant16(a1, &q1, lo, hi));
+        int8_t *o = out + i * ostep;
+        if (tail) _mm256_mask_storeu_epi8(o, m, _mm512_castsi512_si256(codes));
+        else _mm256_storeu_si256((__m256i *)o, _mm512_castsi512_si256(codes));
+    }
+}
+
+/* count pixels (step apart in x, ostep in y) of every channel block; taps as dw_fast_run's */
+static inline void dw_fast_pixels(const int8_t *const *restrict tp, int64_t step, int64_t count, int64_t C,
+                                  const int16_t *restrict w16, int64_t P, const int64_t *restrict rq, __m512i lo,
+                                  __m512i hi, __m512i order, int8_t *restrict out, int64_t ostep) {
+    const int64_t full = C / 32;
+    for (int64_t b = 0; b < full; b++)
+        dw_fast_run(tp, step, count, b * 32, w16 + b * P * 64, P, rq + b * 96, lo, hi, order, out + b * 32, ostep,
+                    0, 0);
+    if (C % 32)
+        dw_fast_run(tp, step, count, full * 32, w16 + full * P * 64, P, rq + full * 96, lo, hi, order,
+                    out + full * 32, ostep, (__mmask32)((1ull << (C % 32)) - 1), 1);
+}
+
+int64_t qlw_has_dwconv_fast(void) { return 1; }
+
+void qlw_dwconv_fast_i8(const int8_t *restrict x, const int64_t *restrict g, const int16_t *restrict w16,
+                        const int64_t *restrict rq, const int64_t *restrict sc, int8_t *restrict y) {
+    const int64_t N = g[0], H = g[1], W = g[2], C = g[3], KH = g[4], KW = g[5], SH = g[6], SW = g[7];
+    const int64_t DH = g[8], DW = g[9], PT = g[10], PL = g[11], OH = g[12], OW = g[13];
+    const int8_t zx = (int8_t)g[14];
+    const int64_t T = KH * KW, P = (T + 1) / 2, NB = (C + 31) / 32;
+    const __m512i lo = _mm512_set1_epi32((int32_t)sc[0]), hi = _mm512_set1_epi32((int32_t)sc[1]);
+    /* output byte i of a block: channel i, in lo's dword 4 * (i / 8) + i % 8 when i % 8 < 4, else in hi's
+     * dword 4 * (i / 8) + i % 8 - 4 (vpermt2b indexes hi's bytes from 64) */
+    int8_t idx[64] = {0};
+    for (int i = 0; i < 32; i++)
+        idx[i] = (int8_t)(i % 8 < 4 ? 4 * (4 * (i / 8) + i % 8) : 64 + 4 * (4 * (i / 8) + i % 8 - 4));
+    const __m512i order = _mm512_loadu_si512(idx);
+    /* the output columns whose taps are all inside the image horizontally: ow in [ow0, ow1) */
+    int64_t ow0 = 0, ow1 = OW;
+    while (ow0 < OW && ow0 * SW - PL < 0) ow0++;
+    while (ow1 > ow0 && (ow1 - 1) * SW - PL + (KW - 1) * DW >= W) ow1--;
+    _Pragma("omp parallel if(N * OH * OW * C * T >= 8 * PAR_MIN)")
+    {
+        int8_t *zrow = (int8_t *)malloc((size_t)(NB * 32));
+        const int8_t **tp = (const int8_t **)malloc(sizeof(int8_t *) * (size_t)(2 * P));
+        memset(zrow, zx, (size_t)(NB * 32));
+        _Pragma("omp for schedule(static)")
+        for (int64_t row = 0; row < N * OH; row++) {
+            const int64_t n = row / OH, oh = row % OH;
+            const int8_t *restrict xn = x + n * H * W * C;
+            const int64_t iy0 = oh * SH - PT;
+            int64_t ky0 = 0, ky1 = KH;
+            while (ky0 < KH && iy0 + ky0 * DH < 0) ky0++;
+            while (ky1 > ky0 && iy0 + (ky1 - 1) * DH >= H) ky1--;
+            const int inside = ky0 == 0 && ky1 == KH;
+            int8_t *restrict yrow = y + row * OW * C;
+            for (int64_t ow = 0; ow < OW; ow++) {
+                if (inside && ow == ow0 && ow1 > ow0) {   /* the interior run: fixed tap offsets, one pixel apart */
+                    for (int64_t t = 0; t < T; t++)
+                        tp[t] = xn + ((iy0 + (t / KW) * DH) * W + ow0 * SW - PL + (t % KW) * DW) * C;
+                    if (T % 2) tp[T] = tp[0];   /* its weight is 0 */
+                    dw_fast_pixels(tp, SW * C, ow1 - ow0, C, w16, P, rq, lo, hi, order, yrow + ow0 * C, C);
+                    ow = ow1 - 1;
+                    continue;
+                }
+                const int64_t ix0 = ow * SW - PL;
+                for (int64_t t = 0; t < T; t++) {
+                    const int64_t ky = t / KW, kx = t % KW, iy = iy0 + ky * DH, ix = ix0 + kx * DW;
+                    tp[t] = ky >= ky0 && ky < ky1 && ix >= 0 && ix < W ? xn + (iy * W + ix) * C : zrow;
+                }
+                if (T % 2) tp[T] = zrow;
+                dw_fast_pixels(tp, 0, 1, C, w16, P, rq, lo, hi, order, yrow + ow * C, C);
+            }
+        }
+        free(tp);
+        free(zrow);
+    }
+}
+#else
+int64_t qlw_has_dwconv_fast(void) { return 0; }
+
+void qlw_dwconv_fast_i8(const int8_t *x, const int64_t *g, const int16_t *w16, const int64_t *rq, const int64_t *sc,
+                        int8_t *y) {
+    (void)x; (void)g; (void)w16; (void)rq; (void)sc; (void)y;
+}
+#endif
 #else
 int64_t qlw_has_qgemm(void) { return 0; }
+int64_t qlw_has_dwconv_fast(void) { return 0; }
+
+void qlw_dwconv_fast_i8(const int8_t *x, const int64_t *g, const int16_t *w16, const int64_t *rq, const int64_t *sc,
+                        int8_t *y) {
+    (void)x; (void)g; (void)w16; (void)rq; (void)sc; (void)y;
+}
 
 void qlw_qgemm_i8(const int8_t *x, int64_t M, int64_t K, int64_t N, const int8_t *w, const int64_t *ch,
                   const int64_t *sc, int8_t *y) {

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from qlower.backends.cpu import gemm, qgemm, weights_cache
+from qlower.backends.cpu import fastrq, gemm, qgemm, weights_cache
 from qlower.backends.cpu.context import BuildContext, Kernel, builder
 from qlower.backends.cpu.quantization import Requantizer, RescaleParams
 from qlower.backends.cpu.tensor_utils import INT32_MAX, check_int32, execution_error
@@ -187,20 +187,46 @@ class PackedDirect:
 
 
 def pair_weights(taps: np.ndarray) -> np.ndarray | None:
-    """The native depthwise kernel's int16 packing of centered weights ``taps`` [T, O] for its first
-    O // 32 * 32 channels (_native.c, dw_pairs_32), or None when there are none or a weight doesn't fit int16.
+    """The native depthwise kernels' int16 packing of centered weights ``taps`` [T, O] in ceil(O / 32) blocks
+    of 32 channels, the last one zero-filled (_native.c, dw_pairs_32 reads the full blocks, dw_fast_block all),
+    or None when a weight doesn't fit int16.
 
     Taps go in pairs (an odd count gets a zero tap); for each block of 32 channels and pair (a, b), 32 int16
     for the low and 32 for the high halves of the 128-bit lanes: position 8l + 2j (+1) holds tap a's (b's)
     weight of channel 8l + j (low) or 8l + 4 + j (high), l, j < 4, as vpunpck{l,h}wd interleaves the codes."""
     t, o = taps.shape
-    nb, p = o // 32, -(-t // 2)
+    nb, p = -(-o // 32), -(-t // 2)
     if nb == 0 or np.abs(taps).max(initial=0) > 32767:
         return None
     padded = np.zeros((2 * p, nb * 32), np.int16)
-    padded[:t] = taps[:, :nb * 32]
+    padded[:t, :o] = taps
     # [pair, ab, block, l, half, j] -> [block, pair, half, l, j, ab]
     return np.ascontiguousarray(padded.reshape(p, 2, nb, 4, 2, 4).transpose(2, 0, 4, 3, 5, 1))
+
+
+# the channel of each accumulator lane of dw_fast_block, per block of 32: vpunpcklwd's then vpunpckhwd's
+FAST_DW_LANES = np.array([8 * l + j for l in range(4) for j in range(4)]
+                         + [8 * l + 4 + j for l in range(4) for j in range(4)])
+
+
+def fast_depthwise_parameters(p: PackedDirect, x_zp: int, params: RescaleParams,
+                              clamp: tuple[int, int] | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The fastrq parameters (in dw_fast_block's lane order) and clamp bounds of the native fast depthwise
+    kernel, or None where it does not apply.
+
+    The kernel sums raw codes ``sum x * w`` (padding taps read ``x_zp``): ``|x| <= 128 <= max|x - x_zp|``,
+    so every partial sum is within the bound ``_pack`` proved for the centered sums (int32), and
+    ``bias - x_zp * sum w`` (per channel, exact in int64) is the offset that makes it the true accumulator."""
+    if p.mode != "native" or p.weight16 is None or not fastrq.applies(params, 4, p.acc_bound):
+        return None
+    taps = p.weight.numpy().astype(np.int64)   # [T, O], centered
+    o = taps.shape[1]
+    offset = p.bias - x_zp * taps.sum(axis=0)
+    blocks = -(-o // 32)
+    lanes = (np.arange(blocks)[:, None] * 32 + FAST_DW_LANES[None, :]).reshape(-1)
+    lanes = np.where(lanes < o, lanes, -1)
+    rq = torch.from_numpy(np.ascontiguousarray(fastrq.parameters(offset, params, lanes)))
+    return rq, torch.tensor(fastrq.clamp_bounds(params, clamp), dtype=torch.int64)
 
 
 class DirectConv(_IntGemmOp):
@@ -218,7 +244,7 @@ class DirectConv(_IntGemmOp):
             return build()
         key = weights_cache.make_key("conv2d-direct", w, self.w_quant, b, self.b_quant, x_dtype=self.x_dtype.value,
                                      x_zp=self.x_zp, groups=self.g.groups, engine=self.ctx.gemm_engine or "auto",
-                                     native=self.ctx.native is not None, layout="taps-by-channel+pairs",
+                                     native=self.ctx.native is not None, layout="taps-by-channel+padded-pairs",
                                      f32_ieee=gemm.float32_is_ieee())
         return weights_cache.get_or_pack(key, build)
 
@@ -300,9 +326,16 @@ class DirectConv(_IntGemmOp):
             rq_static = self._native_params(self.packed, params, rescale_op, clamp)
         plain = Requantizer(params, 4, DType.INT32, rescale_op, self.ctx.native, clamp=clamp)
         geometry = self._native_geometry()
+        native = self.ctx.native
+        fast = (fast_depthwise_parameters(self.packed, self.x_zp, params, clamp)
+                if self.packed is not None and native is not None and native.has_dwconv_fast else None)
 
         def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
             p = self.weights(w, b)
+            if fast is not None and p is self.packed:
+                out = torch.empty(self.out_shape, dtype=torch.int8)
+                native.dwconv_fast(self._native_input(x), geometry, p.weight16, fast[0], fast[1], out)
+                return out
             if p.mode == "native" and fused_native:
                 rq, chan = rq_static if p is self.packed else self._native_params(p, params, rescale_op, clamp)
                 out = torch.empty(self.out_shape, dtype=torch.int8)

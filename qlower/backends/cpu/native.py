@@ -111,6 +111,10 @@ class NativeKernels:
         self._qgemm.argtypes, self._qgemm.restype = [p, i64, i64, i64, p, p, p, p], None
         lib.qlw_has_qgemm.restype = i64
         self.has_qgemm = lib.qlw_has_qgemm() == 1  # built without AVX-512 VNNI, qgemm is an empty stub
+        self._dwconv_fast = lib.qlw_dwconv_fast_i8
+        self._dwconv_fast.argtypes, self._dwconv_fast.restype = [p, p, p, p, p, p], None
+        lib.qlw_has_dwconv_fast.restype = i64
+        self.has_dwconv_fast = lib.qlw_has_dwconv_fast() == 1  # AVX-512 VNNI + VBMI builds, else a stub
         self.path = path
 
     def can_rescale(self, tin: torch.dtype, tout: torch.dtype) -> bool:
@@ -131,6 +135,12 @@ class NativeKernels:
         """Depthwise conv (+ requantization); ``w16``: the tap-pair packing of conv.py, or None."""
         return self._dwconv(_ptr(x), _ptr(geometry), _ptr(w), None if w16 is None else _ptr(w16), _ptr(chan),
                             _ptr(scalars), _ptr(out), int(requant))
+
+    def dwconv_fast(self, x: torch.Tensor, geometry: torch.Tensor, w16: torch.Tensor, rq: torch.Tensor,
+                    bounds: torch.Tensor, out: torch.Tensor) -> None:
+        """Depthwise conv + fastrq's requantization to int8 (conv.py ``FastDepthwise``); ``w16``: pair_weights'
+        packing of every channel block, ``rq``: fastrq parameters in the kernel's lane order, ``bounds``: a, b."""
+        self._dwconv_fast(_ptr(x), _ptr(geometry), _ptr(w16), _ptr(rq), _ptr(bounds), _ptr(out))
 
     def im2col(self, x: torch.Tensor, geometry: torch.Tensor, cols: torch.Tensor) -> None:
         self._im2col(_ptr(x), _ptr(geometry), _ptr(cols))

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from qlower.backends.cpu import fastrq
 from qlower.backends.cpu.gemm import PackedGemm
 from qlower.backends.cpu.quantization import RescaleParams
 from qlower.backends.cpu.tensor_utils import INT32_MAX
@@ -48,9 +49,10 @@ MAX_K = 256              # speed, not exactness: a K x 64 weight panel past L1 m
 class PackedQGemm:
     n: int
     weights: torch.Tensor    # int8 [NP/16, KP/4, 16, 4]
-    chan: torch.Tensor       # int64 [NP/16, 9, 8]: offset - 128 * colsum (as int32), then mult, shift,
-    #                          round_pos, round_neg of the even and the odd channels of each 16
-    scalars: torch.Tensor    # int64 [5]: out_zp, qmin, qmax, clamp lo, clamp hi
+    chan: torch.Tensor       # int64 [NP/16, 6, 8]: fastrq's parameters, when it applies; else [NP/16, 9, 8]:
+    #                          offset - 128 * colsum (as int32), then mult, shift, round_pos, round_neg of the even
+    #                          and the odd channels of each 16
+    scalars: torch.Tensor    # int64 [6]: out_zp, qmin, qmax, clamp lo, clamp hi (fastrq: a, b), fastrq or not
 
 
 def pack(p: PackedGemm, params: RescaleParams, rank: int, clamp: tuple[int, int] | None,
@@ -69,10 +71,18 @@ def pack(p: PackedGemm, params: RescaleParams, rank: int, clamp: tuple[int, int]
     w = np.zeros((kp, np_), np.int8)
     w[:k, :n] = p.w.numpy()
     packed = np.ascontiguousarray(w.reshape(kp // 4, 4, np_ // 16, 16).transpose(2, 0, 3, 1))
+    lo2, hi2 = clamp if clamp is not None else (params.qmin, params.qmax)
+    offset = p.offset - 128 * p.w.numpy().astype(np.int64).sum(axis=0)
+    if fastrq.applies(params, rank, p.acc_bound):
+        lanes = np.where(np.arange(np_) < n, np.arange(np_), -1)
+        a, b = fastrq.clamp_bounds(params, clamp)
+        scalars = torch.tensor([params.out_zp, params.qmin, params.qmax, a, b, 1], dtype=torch.int64)
+        return PackedQGemm(n, torch.from_numpy(packed), torch.from_numpy(fastrq.parameters(offset, params, lanes)),
+                           scalars)
     rp, rn = requant.rounding_terms(params.shift, params.double_round)
     rows = np.zeros((5, np_), np.int64)
     rows[2] = MIN_SHIFT   # padding channels: any valid shift, never stored
-    rows[0, :n] = p.offset - 128 * p.w.numpy().astype(np.int64).sum(axis=0)
+    rows[0, :n] = offset
     for row, values in ((1, params.mult), (2, params.shift), (3, rp), (4, rn)):
         rows[row, :n] = np.broadcast_to(values, (n,))
     # per 16 channels (_native.c, rq16): the offsets wrapped to int32 (the true accumulator fits int32, so
@@ -81,6 +91,5 @@ def pack(p: PackedGemm, params: RescaleParams, rank: int, clamp: tuple[int, int]
     chan = np.zeros((np_ // 16, 9, 8), np.int64)
     chan[:, 0] = ((groups[0] + 2**31) % 2**32 - 2**31).astype(np.int32).reshape(np_ // 16, 16).view(np.int64)
     chan[:, 1:] = groups[1:].transpose(1, 0, 3, 2).reshape(np_ // 16, 8, 8)
-    lo2, hi2 = clamp if clamp is not None else (params.qmin, params.qmax)
-    scalars = torch.tensor([params.out_zp, params.qmin, params.qmax, lo2, hi2], dtype=torch.int64)
+    scalars = torch.tensor([params.out_zp, params.qmin, params.qmax, lo2, hi2, 0], dtype=torch.int64)
     return PackedQGemm(n, torch.from_numpy(packed), torch.from_numpy(chan), scalars)
