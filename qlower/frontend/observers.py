@@ -2,17 +2,26 @@
 
 Activations (``QuantConfig.observer``), all per tensor:
 - ``"minmax"``: torchao's MinMaxObserver, the extremes seen;
-- ``"histogram"``: torchao's HistogramObserver, as the peers' quantizers use it (a 2048-bin
-  running histogram, then its greedy search for the range of least L2 error);
-- ``"percentile"``: the same running histogram, clipped at the ``percentile``-th percentile of
-  each tail (the lower tail only where the data is negative);
-- ``"mse"``: the same running histogram; the clip ``[a * min, b * max]`` (symmetric: ``c * max|x|``)
-  of least expected squared quantization error over a grid of ``a, b``. Each bin's values are
-  spread over its width: a clip inside a bin is charged the rounding error of the values beside it.
-  Each clip's error is summed per code from prefix sums (``_squared_errors``); an end at 0 (after a
-  ReLU) is one clip, not a grid of equal ones; of the ``a, b`` grid, every third value of each end
-  is tried, then every value within two steps of the best of those (the whole grid's best wherever
-  the error has a single valley there, about an eighth of the clips).
+- ``"histogram"``: torchao's HistogramObserver's range search (its greedy L2-norm search inwards from
+  both tails, ``histogram.l2_search``) on the same 2048-bin histogram of [min, max] that observer keeps;
+- ``"percentile"``: clipped at the ``percentile``-th percentile of each tail (the lower tail only where
+  the data is negative);
+- ``"mse"``: the clip ``[a * min, b * max]`` (symmetric: ``c * max|x|``) of least expected squared
+  quantization error over a grid of ``a, b``. Each bin's values are spread over its width: a clip inside
+  a bin is charged the rounding error of the values beside it. Each clip's error is summed per code from
+  prefix sums (``_squared_errors``); an end at 0 (after a ReLU) is one clip, not a grid of equal ones; of
+  the ``a, b`` grid, every third value of each end is tried, then every value within two steps of the best
+  of those (the whole grid's best wherever the error has a single valley there, about an eighth of the clips).
+
+The last three read one running histogram (histogram.py): per batch, the extremes and one count per value
+on a power-of-two grid that widens by merging whole bins, in C; the searches run once, at
+``calculate_qparams``, also in C. Calibration with any of them costs about 1.2-1.5x min/max's
+(benchmarks/calibration_speed.py). What differs from torchao's HistogramObserver, which re-bins its 2048
+bins over the new [min, max] whenever a batch widens it (spreading each old bin's count over the new
+bins, an approximation that accumulates batch after batch): here no count is ever spread until the search,
+which re-bins the exact histogram once onto torchao's grid (``histogram.rebinned``). On one batch the two
+histograms differ only within one fine bin, and the ranges agree within a bin (tests/test_observers.py);
+over batches of growing range this one is the exact one, and the same whatever the batch split.
 
 Weights (``QuantConfig.weight_observer``), symmetric per channel or per tensor:
 ``"minmax"`` keeps max|w|; ``"mse"`` picks, per channel, the clip ``c * max|w|`` (``c`` on a grid in
@@ -23,51 +32,87 @@ Every search is a fixed grid over fixed data: the same calibration gives the sam
 
 from __future__ import annotations
 
+import warnings
+
 import torch
-from torchao.quantization.pt2e import HistogramObserver, MinMaxObserver, PerChannelMinMaxObserver
+from torchao.quantization.pt2e import MinMaxObserver, PerChannelMinMaxObserver
+from torchao.quantization.pt2e.observer import UniformQuantizationObserverBase
+
+from qlower.frontend import histogram
+from qlower.frontend.histogram import BINS, EMPTY
 
 ACT_GRID = torch.linspace(0.05, 1.0, 39)  # clip fractions of each extreme tried by "mse" (1.0: min/max)
 WEIGHT_GRID = torch.linspace(0.5, 1.0, 51)
 SUBBINS = 4  # each histogram bin's values spread over this many points when charging errors
 COARSE = 3  # "mse" tries every COARSE-th clip of each end, then every clip around the best of those
+FLOAT32_EPS = torch.finfo(torch.float32).eps
+TORCHAO_BINS = 2048  # HistogramObserver's default bins: the grid "histogram" searches on
 
 
-class _HistogramRange(HistogramObserver):
-    """torchao's running histogram; subclasses choose the range from it (``_clip``) instead of
-    HistogramObserver's search."""
+class _HistogramRange(UniformQuantizationObserverBase):
+    """A per-tensor activation observer over histogram.py's running histogram; subclasses choose the
+    range from it (``_clip``). The qparams are computed once per state (bias fitting asks twice)."""
+
+    def __init__(self, dtype=torch.quint8, qscheme=torch.per_tensor_affine, reduce_range=False, quant_min=None,
+                 quant_max=None, factory_kwargs=None, eps=FLOAT32_EPS, is_dynamic=False,
+                 **kwargs) -> None:
+        if qscheme not in (torch.per_tensor_affine, torch.per_tensor_symmetric) or is_dynamic:
+            raise NotImplementedError(f"{type(self).__name__} is a static per-tensor observer")
+        super().__init__(dtype=dtype, qscheme=qscheme, reduce_range=reduce_range, quant_min=quant_min,
+                         quant_max=quant_max, factory_kwargs=factory_kwargs, eps=eps, is_dynamic=is_dynamic, **kwargs)
+        self.register_buffer("histogram", torch.zeros(BINS, dtype=torch.float64))
+        self.register_buffer("grid", torch.tensor([EMPTY, 0], dtype=torch.int64))  # exponent, origin
+        self.register_buffer("extremes", torch.tensor([float("inf"), float("-inf")]))
+        self._qparams: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def min_val(self) -> torch.Tensor:
+        return self.extremes[0]
+
+    @property
+    def max_val(self) -> torch.Tensor:
+        return self.extremes[1]
+
+    def forward(self, x_orig: torch.Tensor) -> torch.Tensor:
+        if x_orig.numel():
+            histogram.observe(x_orig, self.histogram, self.grid, self.extremes)
+            self._qparams = None
+        return x_orig
 
     def calculate_qparams(self):
-        if self.min_val == float("inf") or not bool(self.histogram.sum() > 0):
-            return super().calculate_qparams()  # never observed: torchao's default (and its warning)
-        lo, hi = self._clip()
-        return self._calculate_qparams(torch.as_tensor(lo, dtype=torch.float32),
-                                       torch.as_tensor(hi, dtype=torch.float32))
-
-    def _upscale_histogram(self, histogram: torch.Tensor, orig_min: torch.Tensor, orig_max: torch.Tensor,
-                           update_min: torch.Tensor, update_max: torch.Tensor) -> torch.Tensor:
-        """The old histogram in the new (wider) range: each old bin's count spread evenly over its width
-        and summed per new bin, from the cumulative counts at the new edges (O(bins); torchao's
-        upsamples every bin 128 times and bucketizes the points, the most of this observer's update)."""
-        old = histogram.to(torch.float64)
-        lo, hi = float(orig_min), float(orig_max)
-        edges = torch.linspace(float(update_min), float(update_max), self.bins + 1, dtype=torch.float64)
-        position = ((edges - lo) / ((hi - lo) / self.bins)).clamp(0, self.bins)
-        k = position.floor().long().clamp_max(self.bins - 1)
-        cumulative = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(old, 0)])
-        at_edges = cumulative[k] + (position - k) * old[k]
-        return torch.diff(at_edges).to(histogram.dtype)
+        if int(self.grid[0]) == EMPTY:  # never observed (or nothing finite): torchao's default and warning
+            warnings.warn("must run observer before calling calculate_qparams. Returning default scale and zero point",
+                          stacklevel=2)
+            return torch.tensor([1.0]), torch.tensor([0])
+        if self._qparams is None:
+            lo, hi = float(self.min_val), float(self.max_val)
+            if hi > lo:
+                lo, hi = self._clip()
+            self._qparams = self._calculate_qparams(torch.tensor(lo, dtype=torch.float32),
+                                                    torch.tensor(hi, dtype=torch.float32))
+        return self._qparams
 
     def _centres(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Points standing for the histogram's values (``SUBBINS`` per bin) and their weights."""
-        lo, hi = float(self.min_val), float(self.max_val)
-        width = (hi - lo) / self.bins
+        """Points standing for the histogram's values (``SUBBINS`` per bin, evenly spaced) and their weights."""
+        counts, left, width = histogram.occupied(self.histogram, self.grid, self.extremes)
         offsets = (torch.arange(SUBBINS, dtype=torch.float64) + 0.5) / SUBBINS
-        points = lo + (torch.arange(self.bins, dtype=torch.float64)[:, None] + offsets) * width
-        weights = self.histogram.to(torch.float64)[:, None].expand(-1, SUBBINS) / SUBBINS
+        points = left + (torch.arange(len(counts), dtype=torch.float64)[:, None] + offsets) * width
+        weights = counts[:, None].expand(-1, SUBBINS) / SUBBINS
         return points.reshape(-1), weights.reshape(-1)
 
     def _clip(self) -> tuple[float, float]:
         raise NotImplementedError
+
+
+class HistogramL2Observer(_HistogramRange):
+    """torchao HistogramObserver's range: its L2 search over 2048 bins of [min, max] (module docstring)."""
+
+    def _clip(self) -> tuple[float, float]:
+        lo, hi = float(self.min_val), float(self.max_val)
+        width = (hi - lo) / TORCHAO_BINS
+        hist = histogram.rebinned(self.histogram, self.grid, self.extremes, TORCHAO_BINS)
+        start, end = histogram.l2_search(hist, width, 2 ** torch.iinfo(self.dtype).bits)
+        return lo + width * start, min(lo + width * (end + 1), hi)
 
 
 class PercentileObserver(_HistogramRange):
@@ -79,15 +124,15 @@ class PercentileObserver(_HistogramRange):
 
     def _clip(self) -> tuple[float, float]:
         lo, hi = float(self.min_val), float(self.max_val)
-        cdf = torch.cumsum(self.histogram.to(torch.float64), 0)
+        counts, left, width = histogram.occupied(self.histogram, self.grid, self.extremes)
+        cdf = torch.cumsum(counts, 0)
         total = float(cdf[-1])
         tail = total * (100.0 - self.percentile) / 100.0
-        edges = torch.linspace(lo, hi, self.bins + 1, dtype=torch.float64)
         # the upper clip: the right edge of the first bin whose cumulative count leaves at most `tail` above
         upper = int(torch.searchsorted(cdf, torch.tensor(total - tail, dtype=torch.float64)))
         lower = int(torch.searchsorted(cdf, torch.tensor(tail, dtype=torch.float64), right=True))
-        clip_hi = max(float(edges[min(upper + 1, self.bins)]), 0.0)
-        clip_lo = min(float(edges[lower]), 0.0) if lo < 0 else lo
+        clip_hi = max(min(left + width * (upper + 1), hi), 0.0)
+        clip_lo = min(max(left + width * lower, lo), 0.0) if lo < 0 else lo
         return clip_lo, clip_hi
 
 
@@ -99,15 +144,12 @@ class MSEObserver(_HistogramRange):
         lo, hi = min(float(self.min_val), 0.0), max(float(self.max_val), 0.0)
         qmin, qmax = self.quant_min, self.quant_max
         grid = ACT_GRID.to(torch.float64)
+        sums = _PointSums(points, weights)
 
-        def errors(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-            zero = torch.clamp(qmin - torch.round(a / scale.clamp_min(1e-30)), qmin, qmax)
-            return _squared_errors(points, weights, scale.clamp_min(float(self.eps)), zero, qmin, qmax)
-
-        if self.qscheme in (torch.per_tensor_symmetric, torch.per_channel_symmetric):
+        if self.qscheme == torch.per_tensor_symmetric:
             top = max(-lo, hi) * grid
-            err = _squared_errors(points, weights, (top / ((qmax - qmin) / 2)).clamp_min(float(self.eps)),
-                                  torch.zeros_like(top), qmin, qmax)
+            err = sums.errors((top / ((qmax - qmin) / 2)).clamp_min(float(self.eps)), torch.zeros_like(top),
+                              qmin, qmax)
             best = float(top[int(torch.argmin(err))])  # the first of equal errors: the widest on the grid's order
             return -best, best
         # an end at 0 (after a ReLU) has one clip, not a grid of equal ones
@@ -120,7 +162,10 @@ class MSEObserver(_HistogramRange):
                 return
             r, c = (torch.tensor(v) for v in zip(*ij, strict=True))
             a, b = lows[r], highs[c]
-            tried.update(zip(ij, errors(a, b, (b - a) / (qmax - qmin)).tolist(), strict=True))
+            scale = (b - a) / (qmax - qmin)
+            zero = torch.clamp(qmin - torch.round(a / scale.clamp_min(1e-30)), qmin, qmax)
+            tried.update(zip(ij, sums.errors(scale.clamp_min(float(self.eps)), zero, qmin, qmax).tolist(),
+                             strict=True))
 
         def around(n: int, centre: int | None) -> list[int]:
             if centre is None:  # every COARSE-th value, and the last (min/max)
@@ -132,6 +177,25 @@ class MSEObserver(_HistogramRange):
         search(around(len(lows), r0), around(len(highs), c0))
         r, c = min(tried, key=lambda k: (tried[k], k))  # the first of equal errors: the widest on the grid's order
         return float(lows[r]), float(highs[c])
+
+
+class _PointSums:
+    """Evenly spaced weighted points and their prefix sums, for ``errors`` over many candidates: the C
+    search (histogram.squared_errors_native) where it is built and applies, else ``_squared_errors``."""
+
+    def __init__(self, points: torch.Tensor, weights: torch.Tensor) -> None:
+        self.points, self.weights = points, weights
+        zero = torch.zeros(1, dtype=torch.float64)
+        self.prefix = [torch.cat([zero, torch.cumsum(weights * points ** k, 0)]) for k in range(3)]
+
+    def errors(self, scale: torch.Tensor, zero: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+        p = self.points
+        if qmax - qmin + 1 < len(p) and len(p) >= 2:
+            native = histogram.squared_errors_native(self.prefix, float(p[0]), float(p[1] - p[0]), scale, zero,
+                                                     qmin, qmax)
+            if native is not None:
+                return native
+        return _squared_errors(p, self.weights, scale, zero, qmin, qmax)
 
 
 def _squared_errors(points: torch.Tensor, weights: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
@@ -225,7 +289,7 @@ def activation_observer(observer: str, percentile: float = 99.99):
     if observer == "minmax":
         return MinMaxObserver
     if observer == "histogram":
-        return HistogramObserver
+        return HistogramL2Observer
     if observer == "percentile":
         return PercentileObserver.with_args(percentile=percentile)
     if observer == "mse":
