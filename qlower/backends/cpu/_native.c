@@ -523,6 +523,44 @@ int64_t qlw_quantize_f32_i8(const float *restrict x, int64_t n, const float *res
     return nan;
 }
 
+/* NCHW -> NHWC of an int8 tensor (a model's input after its quantize): y[n, p, c] = x[n, c, p] over the
+ * P = H * W pixels. Three channels (images) go 64 pixels at a time through two byte permutes per 64 output
+ * bytes (AVX-512 VBMI); anything else, and the last P % 64 pixels, element by element. */
+void qlw_nchw_to_nhwc_i8(const int8_t *restrict x, int64_t N, int64_t C, int64_t P, int8_t *restrict y) {
+    _Pragma("omp parallel for schedule(static) if(N * C * P >= 4 * PAR_MIN)")
+    for (int64_t n = 0; n < N; n++) {
+        const int8_t *restrict xn = x + n * C * P;
+        int8_t *restrict yn = y + n * C * P;
+        int64_t p0 = 0;
+#if defined(__AVX512VBMI__)
+        if (C == 3) {
+            /* output byte b of the 192 of 64 pixels: pixel b / 3, channel b % 3; vector k holds b in
+             * [64k, 64k + 64); a = permute of channels 0 and 1 (bytes 64.. index channel 1), then channel 2 */
+            int8_t i01[3][64], i2[3][64];
+            __mmask64 m2[3] = {0, 0, 0};
+            for (int k = 0; k < 3; k++)
+                for (int j = 0; j < 64; j++) {
+                    const int b = 64 * k + j, px = b / 3, c = b % 3;
+                    i01[k][j] = (int8_t)(c == 1 ? 64 + px : px);
+                    i2[k][j] = (int8_t)px;
+                    if (c == 2) m2[k] |= 1ull << j;
+                }
+            for (; p0 + 64 <= P; p0 += 64) {
+                const __m512i c0 = _mm512_loadu_si512(xn + p0), c1 = _mm512_loadu_si512(xn + P + p0);
+                const __m512i c2 = _mm512_loadu_si512(xn + 2 * P + p0);
+                for (int k = 0; k < 3; k++) {
+                    __m512i v = _mm512_permutex2var_epi8(c0, _mm512_loadu_si512(i01[k]), c1);
+                    v = _mm512_mask_permutexvar_epi8(v, m2[k], _mm512_loadu_si512(i2[k]), c2);
+                    _mm512_storeu_si512(yn + 3 * p0 + 64 * k, v);
+                }
+            }
+        }
+#endif
+        for (int64_t p = p0; p < P; p++)
+            for (int64_t c = 0; c < C; c++) yn[p * C + c] = xn[c * P + p];
+    }
+}
+
 /* A binary int8 function given by its table: y[i] = t[(a[i] + 128) * 256 + (b[i] + 128)].
  * The table (65536 codes, built from the reference's ops by fusion.py) holds the whole chain. */
 void qlw_lut2_i8(const int8_t *restrict a, const int8_t *restrict b, int64_t n, const int8_t *restrict t,
@@ -607,21 +645,21 @@ int64_t qlw_has_qgemm(void) { return 1; }
  * V >> s = ((v * m + 2**(s-1)) >> s) + out_zp exactly. 32 <= s: an even lane shifts by s (the result is in its
  * low dword), an odd lane by s - 32 (the result's low 32 bits are then its high dword); one blend takes both,
  * |result| < 2**31. Then one clamp to [lo, hi], the composition of the rescale's and a fused clamp's.
- * ch: per 16 lanes, 6 rows of 8 int64: m of the even lanes, m of the odd lanes, R even, R odd, s even, s - 32 odd. */
-typedef struct { __m512i me, mo, re, ro, se, so; } rqf16;
-
-static inline rqf16 load_rqf16(const int64_t *restrict ch, int64_t group) {
-    const int64_t *p = ch + group * 48;
-    rqf16 q = {_mm512_loadu_si512(p), _mm512_loadu_si512(p + 8), _mm512_loadu_si512(p + 16),
-               _mm512_loadu_si512(p + 24), _mm512_loadu_si512(p + 32), _mm512_loadu_si512(p + 40)};
-    return q;
+ * q: per 16 lanes, 6 rows of 8 int64: m of the even lanes, m of the odd lanes, R even, R odd, s even, s - 32 odd. */
+static inline __m512i fast_requant16(__m512i acc, const int64_t *restrict q, __m512i lo, __m512i hi) {
+    const __m512i odd = _mm512_shuffle_epi32(acc, _MM_PERM_CDAB);   /* odd dwords to the low halves */
+    const __m512i te = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mul_epi32(acc, _mm512_loadu_si512(q)),
+                                                          _mm512_loadu_si512(q + 16)), _mm512_loadu_si512(q + 32));
+    const __m512i to = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mul_epi32(odd, _mm512_loadu_si512(q + 8)),
+                                                          _mm512_loadu_si512(q + 24)), _mm512_loadu_si512(q + 40));
+    return _mm512_min_epi32(_mm512_max_epi32(_mm512_mask_blend_epi32(0xAAAA, te, to), lo), hi);
 }
 
-static inline __m512i fast_requant16(__m512i acc, const rqf16 *q, __m512i lo, __m512i hi) {
-    const __m512i odd = _mm512_shuffle_epi32(acc, _MM_PERM_CDAB);   /* odd dwords to the low halves */
-    const __m512i te = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mul_epi32(acc, q->me), q->re), q->se);
-    const __m512i to = _mm512_srav_epi64(_mm512_add_epi64(_mm512_mul_epi32(odd, q->mo), q->ro), q->so);
-    return _mm512_min_epi32(_mm512_max_epi32(_mm512_mask_blend_epi32(0xAAAA, te, to), lo), hi);
+/* 64 int8-range int32 codes (4 vectors of 16 channels) to 64 bytes in channel order: the saturating packs
+ * are exact on int8 values; per 128-bit lane l they give t0..t3's elements 4l..4l+3, which vpermd puts back */
+static inline __m512i pack64(__m512i t0, __m512i t1, __m512i t2, __m512i t3) {
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_epi32(idx, _mm512_packs_epi16(_mm512_packs_epi32(t0, t1), _mm512_packs_epi32(t2, t3)));
 }
 
 /* One tile: R rows (R <= 4) x V vectors of 16 channels (V <= 4); R == V == 4 is the hot case, with every
@@ -651,7 +689,7 @@ void qlw_qgemm_i8(const int8_t *restrict x, int64_t M, int64_t K, int64_t N, con
                   const int64_t *restrict ch, const int64_t *restrict sc, int8_t *restrict y) {
     const int64_t NP = (N + 15) / 16 * 16, KP = (K + 3) / 4 * 4, nb = (NP / 16 + 3) / 4, mb = (M + 3) / 4;
     const out_params o = load_out(sc);
-    const int64_t fast = sc[5];   /* 1: ch holds rqf16 parameters (fast_requant16), lo/hi in sc[3], sc[4] */
+    const int64_t fast = sc[5];   /* 1: ch holds fast_requant16 parameters, lo/hi in sc[3], sc[4] */
     const __m512i flo = _mm512_set1_epi32((int32_t)o.lo2), fhi = _mm512_set1_epi32((int32_t)o.hi2);
     _Pragma("omp parallel for collapse(2) schedule(static) if(M * NP * KP >= 32 * PAR_MIN)")
     for (int64_t bn = 0; bn < nb; bn++) {
@@ -670,14 +708,26 @@ void qlw_qgemm_i8(const int8_t *restrict x, int64_t M, int64_t K, int64_t N, con
                 const int64_t c = (v0 + v) * 16;
                 const __mmask16 keep = (__mmask16)(N - c >= 16 ? 0xFFFF : (1u << (N - c)) - 1);
                 if (fast) {
-                    const rqf16 q = load_rqf16(ch, v0 + v);
+                    if (vecs == 4) break;   /* below: whole rows of 64 channels */
                     for (int64_t r = 0; r < rows; r++)
                         _mm512_mask_cvtepi32_storeu_epi8(y + (m0 + r) * N + c, keep,
-                                                         fast_requant16(acc[r][v], &q, flo, fhi));
+                                                         fast_requant16(acc[r][v], ch + (v0 + v) * 48, flo, fhi));
                 } else {
                     const rq16 q = load_rq16(ch, v0 + v);
                     for (int64_t r = 0; r < rows; r++)
                         requant_store16(acc[r][v], &q, o, y + (m0 + r) * N + c, N - c);
+                }
+            }
+            if (fast && vecs == 4) {
+                const int64_t c = v0 * 16, left = N - c;
+                const int64_t *q = ch + v0 * 48;
+                for (int64_t r = 0; r < rows; r++) {
+                    const __m512i codes = pack64(fast_requant16(acc[r][0], q, flo, fhi),
+                                                 fast_requant16(acc[r][1], q + 48, flo, fhi),
+                                                 fast_requant16(acc[r][2], q + 96, flo, fhi),
+                                                 fast_requant16(acc[r][3], q + 144, flo, fhi));
+                    if (left >= 64) _mm512_storeu_si512(y + (m0 + r) * N + c, codes);
+                    else _mm512_mask_storeu_epi8(y + (m0 + r) * N + c, (__mmask64)((1ull << left) - 1), codes);
                 }
             }
         }
@@ -705,7 +755,6 @@ static inline void dw_fast_run(const int8_t *const *restrict tp, int64_t step, i
                                const int16_t *restrict wb, int64_t P, const int64_t *restrict rq, __m512i lo,
                                __m512i hi, __m512i order, int8_t *restrict out, int64_t ostep, __mmask32 m,
                                int tail) {
-    const rqf16 q0 = load_rqf16(rq, 0), q1 = load_rqf16(rq, 1);
     for (int64_t i = 0; i < count; i++) {
         const int64_t d = i * step + c0;
         __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
@@ -714,8 +763,8 @@ static inline void dw_fast_run(const int8_t *const *restrict tp, int64_t step, i
             a0 = _mm512_dpwssd_epi32(a0, _mm512_unpacklo_epi16(a, b), _mm512_loadu_si512(wb + p * 64));
             a1 = _mm512_dpwssd_epi32(a1, _mm512_unpackhi_epi16(a, b), _mm512_loadu_si512(wb + p * 64 + 32));
         }
-        const __m512i codes = _mm512_permutex2var_epi8(fast_requant16(a0, &q0, lo, hi), order,
-                                                       fast_requant16(a1, &q1, lo, hi));
+        const __m512i codes = _mm512_permutex2var_epi8(fast_requant16(a0, rq, lo, hi), order,
+                                                       fast_requant16(a1, rq + 48, lo, hi));
         int8_t *o = out + i * ostep;
         if (tail) _mm256_mask_storeu_epi8(o, m, _mm512_castsi512_si256(codes));
         else _mm256_storeu_si256((__m256i *)o, _mm512_castsi512_si256(codes));

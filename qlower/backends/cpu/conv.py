@@ -158,7 +158,7 @@ class GemmConv(_IntGemmOp):
                                acc_op=self.op, clamp=clamp)
         static_rq = requantizer(self.packed) if self.packed is not None else None
         native = self.ctx.native
-        fused = (qgemm.pack(self.packed, params, rank, clamp)
+        fused = (qgemm.pack(self.packed, params, rank, clamp, rows=int(np.prod(self.out_shape[:-1])))
                  if self.packed is not None and native is not None and native.has_qgemm else None)
 
         def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:

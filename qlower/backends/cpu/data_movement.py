@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from qlower.backends.cpu.context import BuildContext, Kernel, builder
 from qlower.backends.cpu.tensor_utils import constant_tensor, execution_error
-from qlower.ir import Op
+from qlower.ir import DType, Op
 
 
 @builder("constant")
@@ -35,6 +35,13 @@ def _reshape(op: Op, ctx: BuildContext) -> Kernel:
 @builder("transpose")
 def _transpose(op: Op, ctx: BuildContext) -> Kernel:
     perm = tuple(op.attrs["perm"])
+    native = ctx.native
+    if native is not None and perm == (0, 2, 3, 1) and op.operands[0].dtype is DType.INT8:
+        def to_nhwc(x: torch.Tensor) -> torch.Tensor:   # a model's NCHW input codes (native: one pass)
+            out = torch.empty(op.result.shape, dtype=torch.int8)
+            native.nchw_to_nhwc(x.contiguous(), out)
+            return out
+        return to_nhwc
     return lambda x: x.permute(perm).contiguous()
 
 

@@ -105,6 +105,8 @@ class NativeKernels:
         self._maxpool.argtypes, self._maxpool.restype = [p, p, p], None
         self._quantize = lib.qlw_quantize_f32_i8
         self._quantize.argtypes, self._quantize.restype = [p, i64, p, p], i64
+        self._to_nhwc = lib.qlw_nchw_to_nhwc_i8
+        self._to_nhwc.argtypes, self._to_nhwc.restype = [p, i64, i64, i64, p], None
         self._lut2 = lib.qlw_lut2_i8
         self._lut2.argtypes, self._lut2.restype = [p, p, i64, p, p], None
         self._qgemm = lib.qlw_qgemm_i8
@@ -159,6 +161,11 @@ class NativeKernels:
               out: torch.Tensor) -> None:
         """int8 ``x`` [M, K] times VNNI-packed weights, requantized to int8 ``out`` [M, n] (qgemm.py)."""
         self._qgemm(_ptr(x), x.shape[0], x.shape[1], n, _ptr(w), _ptr(chan), _ptr(scalars), _ptr(out))
+
+    def nchw_to_nhwc(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """int8 ``x`` [N, C, H, W] (contiguous) to ``out`` [N, H, W, C]."""
+        n, c, h, w = x.shape
+        self._to_nhwc(_ptr(x), n, c, h * w, _ptr(out))
 
     def lut2(self, a: torch.Tensor, b: torch.Tensor, table: torch.Tensor, out: torch.Tensor) -> None:
         """``out[i] = table[(a[i] + 128) * 256 + b[i] + 128]``: int8 ``a``, ``b``, ``out`` of one size, int8 table."""

@@ -14,8 +14,13 @@ reference's arithmetic (the conditions of ``pack``):
   then holds for every int32, so no check is skipped that could fail;
 * int8 output, channels along the last axis (or one scale).
 
-It is also used only while ``K <= MAX_K`` (measured: past that oneDNN's blocked GEMM and the
-separate requantization are faster); ``max_k`` (or ``MAX_K``) lifts that in tests of the exactness edge.
+It is also used only while ``K <= MAX_K`` or the GEMM has at most ``SMALL_M`` rows (measured on MobileNetV2:
+past K = 384 oneDNN's blocked GEMM and the separate requantization are faster, except for its classifier's
+single row, 0.05 against 0.13 ms); ``max_k`` (or ``MAX_K``) lifts that in tests of the exactness edge.
+
+A SINGLE_ROUND rescale whose shifts are in [32, 54] takes fastrq's requantization (offset, rounding term and
+zero point folded into one int64 addend per channel, one clamp; fastrq.py says why it is the same integers);
+other ones the kernel's general requantization below.
 
 Then ``(acc * mult + round) >> shift``, the zero point and the two clamps are the same integers as
 ``qlower.ir.requant.apply_scale_32`` and ``Requantizer`` compute in int64: the kernel adds the offset in
@@ -42,7 +47,8 @@ from qlower.ir import DType, requant
 
 DOT_MAX = 255 * 128      # |(x + 128) * w| for int8 x and w
 MIN_SHIFT = 32           # apply_scale_32's REQUIRE bound is 2**31 from here on
-MAX_K = 256              # speed, not exactness: a K x 64 weight panel past L1 makes oneDNN's _int_mm faster
+MAX_K = 384              # speed, not exactness: past it oneDNN's _int_mm is faster, except for a few rows:
+SMALL_M = 4              # one tile of rows (a fully connected layer's batch) takes this kernel at any K
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,13 @@ class PackedQGemm:
 
 
 def pack(p: PackedGemm, params: RescaleParams, rank: int, clamp: tuple[int, int] | None,
-         max_k: int | None = None) -> PackedQGemm | None:
-    """The packed weights and parameters, or None when one of the module's conditions fails."""
+         max_k: int | None = None, rows: int | None = None) -> PackedQGemm | None:
+    """The packed weights and parameters, or None when one of the module's conditions fails
+    (``rows``: the GEMM's row count, when known before it runs)."""
     if p.engine != "int8" or p.w_zp is not None or p.offset_i32 is None or p.acc_bound > INT32_MAX:
         return None
-    if p.k > (MAX_K if max_k is None else max_k) or p.k * DOT_MAX >= 2**31 or params.out_dtype is not DType.INT8 or np.any(params.in_zp):
+    fast_enough = p.k <= (MAX_K if max_k is None else max_k) or (rows is not None and rows <= SMALL_M)
+    if not fast_enough or p.k * DOT_MAX >= 2**31 or params.out_dtype is not DType.INT8 or np.any(params.in_zp):
         return None
     if int(params.shift.min()) < MIN_SHIFT or params.axis not in (None, rank - 1):
         return None
