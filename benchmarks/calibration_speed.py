@@ -9,6 +9,10 @@ seconds (``time.process_time``: all of this process's threads), on ``--threads``
 wall time counts the other processes too). Medians over ``--repeat`` runs, the observers in
 turn within each run (a burst of load falls on all of them); compare the ratios to min/max.
 
+The ``float`` row runs the same batches through the prepared graph with every observer replaced by an
+identity: what calibration cannot go below. Each observer's cost is its forward minus that: min/max's one reduction
+per activation, the histograms' reduction and one counting pass (qlower/frontend/histogram.py).
+
     python benchmarks/calibration_speed.py [--model mobilenet_v2] [--size 224] [--batches 4] [--repeat 3] [--threads 1]
 """
 
@@ -42,8 +46,15 @@ def _clocks() -> tuple[float, float]:
 
 
 def calibrate_once(model, example, observer: str, batches: list[tuple]) -> dict[str, tuple[float, float]]:
-    """(wall, CPU) seconds of the calibration forwards and of the range search, one fresh prepared model."""
-    prepared = prepare(export_module(model, example, static=True), QuantConfig(observer=observer), batches)
+    """(wall, CPU) seconds of the calibration forwards and of the range search, one fresh prepared model
+    (``observer="float"``: min/max's, with its observers replaced by identities)."""
+    quant = QuantConfig(observer="minmax" if observer == "float" else observer)
+    prepared = prepare(export_module(model, example, static=True), quant, batches)
+    if observer == "float":
+        observers = set(_observers(prepared))  # PT2E's are children of the graph module
+        for name, child in list(prepared.named_children()):
+            if child in observers:
+                setattr(prepared, name, torch.nn.Identity())
     with torch.no_grad():
         w0, c0 = _clocks()
         for b in batches:
@@ -59,9 +70,9 @@ def bench(model_name: str, size: int, n_batches: int, repeat: int) -> list[dict]
     model, example, _, _ = zoo.get(model_name, size=size)
     gen = torch.Generator().manual_seed(0)
     batches = [tuple(torch.randn(x.shape, generator=gen) for x in example) for _ in range(n_batches)]
-    runs: dict[str, list[dict]] = {obs: [] for obs in OBSERVERS}
+    runs: dict[str, list[dict]] = {obs: [] for obs in ("float", *OBSERVERS)}
     for _ in range(repeat):
-        for observer in OBSERVERS:
+        for observer in runs:
             runs[observer].append(calibrate_once(model, example, observer, batches))
     rows = []
     for observer, times in runs.items():
