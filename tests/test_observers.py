@@ -196,3 +196,15 @@ def test_torch_twins_give_the_same_qparams(ctr, monkeypatch):
     native = {name: _qparams(ctr, batches) for name, batches in streams.items()}
     monkeypatch.setattr(histogram, "native", lambda: None)
     assert {name: _qparams(ctr, batches) for name, batches in streams.items()} == native
+
+
+def test_a_loaded_state_gives_its_own_qparams():
+    streams = _streams(0)
+    source, target = MSEObserver(**INT8), MSEObserver(**INT8)
+    for b in streams["outliers"]:
+        source(b)
+    for b in streams["relu"]:
+        target(b)
+    target.calculate_qparams()  # cached for the ReLU data
+    target.load_state_dict(source.state_dict())
+    assert [float(t) for t in target.calculate_qparams()] == [float(t) for t in source.calculate_qparams()]

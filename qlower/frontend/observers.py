@@ -81,6 +81,10 @@ class _HistogramRange(UniformQuantizationObserverBase):
             self._qparams = None
         return x_orig
 
+    def _load_from_state_dict(self, *args, **kwargs) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._qparams = None  # another histogram: computed again
+
     def calculate_qparams(self):
         if int(self.grid[0]) == EMPTY:  # never observed (or nothing finite): torchao's default and warning
             warnings.warn("must run observer before calling calculate_qparams. Returning default scale and zero point",
