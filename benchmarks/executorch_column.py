@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 HERE = Path(__file__).parent
@@ -107,6 +108,13 @@ class Server:
         """``n`` timed calls: (wall seconds, the server's CPU seconds, every thread's) each."""
         reply = self._ask(f"run {n}")
         return list(zip(reply["times"], reply["cpu"]))
+
+    def output(self) -> np.ndarray:
+        """The model's output on the input file."""
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp, "output.npy")
+            self._ask(f"output {path}")
+            return np.load(path)
 
     def close(self) -> None:
         if self.proc.poll() is None:

@@ -15,16 +15,25 @@ weights, quantized by ExecuTorch's XNNPACK quantizer and lowered by its partitio
 runtime in a venv of its own made on demand, see executorch_column.py; ``--no-executorch`` skips it, and
 it is skipped with the reason when it can't be built), and qlower's quantization of the model compiled
 for ``litert`` once per kernel family (``xnnpack``: the default delegates, ``builtin``: LiteRT's optimized
-builtin kernels) and for qlower's ``cpu`` backend (the xnnpack program's quantized graph). They take
-turns in blocks of 10 timed runs (after 3 untimed ones, so no runtime is timed against another's
-still-spinning thread pool); ratios are to ExecuTorch's median of the same run. Each row also gives the
-median CPU time of a run (the process's, every thread's), which a loaded machine inflates far less than the
-wall time. ``--runtimes`` picks the rows (e.g. ``"executorch xnnpack" "qlower litert xnnpack"``). Each qlower output is
-compared once with the reference interpreter on the program's source: max difference in output steps
-and share of exact elements.
+builtin kernels) and for qlower's ``cpu`` backend (the xnnpack program's quantized graph).
+
+They are timed in lock-step over the same wall-clock window: turns of a short idle gap (a thread pool that
+spins after its run parks), one untimed call and ``BLOCK`` timed calls per runtime, the runtimes' order
+reversed every turn, until each has ``--runs`` calls. Both processes (ExecuTorch's server and this one, every
+thread) are pinned to the same cores (``--cores``, default the first N allowed, N the thread count). Each call
+gives its wall time and its CPU time (the process's, every thread's, which a loaded machine inflates far less);
+a row gives the medians and the interquartile range. Ratios are to ExecuTorch's median of the same run, and
+``paired`` is the median (and IQR) over turns of the runtime's block median over ExecuTorch's in the same turn.
+Each section records the load: the 1-minute load average before and after, and the CPU time other processes
+took on the machine during it (from /proc/stat less this process and the server), in cores. Before timing, the
+outputs are compared: ExecuTorch's and every qlower row's against the float model's (relative L2 error) and
+ExecuTorch's against qlower's xnnpack program. ``--runtimes`` picks the rows (e.g. ``"executorch xnnpack"
+"qlower litert xnnpack"``). Each qlower output is compared once with the reference interpreter on the
+program's source: max difference in output steps and share of exact elements.
 
     python benchmarks/latency.py [--runs 50] [--warmup 10] [--threads 2] [--no-check] [--no-ir]
                                  [--no-litert] [--zoo-threads 1 2] [--no-executorch] [--runtimes NAME ...]
+                                 [--cores 0 1]
 
 Prints a table and writes benchmarks/results/latency.json (per-run times, medians,
 load average, machine).
@@ -59,7 +68,8 @@ MODELS = {  # name: (IR builder, zoo name, target ms)
 }
 
 
-BLOCK, SETTLE = 10, 3   # LiteRT rows: timed runs per block, untimed runs before each block
+# zoo rows, one turn per runtime: an idle gap (seconds), SETTLE untimed calls, BLOCK timed ones
+GAP, SETTLE, BLOCK = 0.005, 1, 2
 
 
 def _time(fn) -> float:
@@ -115,10 +125,15 @@ def bench(name: str, runs: int, warmup: int, threads: int, check: bool) -> dict:
     }
 
 
+def _q(values, q: float) -> float:
+    return round(float(np.percentile(values, q)) * 1e3, 3)
+
+
 def _stats(runs: list[tuple[float, float]]) -> dict:
     times, cpu = [w for w, _ in runs], [c for _, c in runs]
-    return {"median_ms": round(statistics.median(times) * 1e3, 3), "p10_ms": round(np.percentile(times, 10) * 1e3, 3),
-            "p90_ms": round(np.percentile(times, 90) * 1e3, 3), "cpu_median_ms": round(statistics.median(cpu) * 1e3, 3)}
+    return {"median_ms": round(statistics.median(times) * 1e3, 3), "p25_ms": _q(times, 25), "p75_ms": _q(times, 75),
+            "p10_ms": _q(times, 10), "p90_ms": _q(times, 90), "cpu_median_ms": round(statistics.median(cpu) * 1e3, 3),
+            "cpu_p25_ms": _q(cpu, 25), "cpu_p75_ms": _q(cpu, 75)}
 
 
 def _exactness(p, x: np.ndarray) -> dict:
@@ -127,6 +142,74 @@ def _exactness(p, x: np.ndarray) -> dict:
     step = float(p.source.ops[-1].operands[0].type.quant.scale[0]) if p.source.ops[-1].kind == "dequantize" else 1
     diff = np.abs(got.astype(np.float64) - want.astype(np.float64)) / step
     return {"max_steps_vs_reference": round(float(diff.max()), 3), "exact_share": round(float(np.mean(diff == 0)), 4)}
+
+
+def _rel_error(got: np.ndarray, want: np.ndarray) -> float:
+    got, want = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
+    return round(float(np.linalg.norm(got - want) / np.linalg.norm(want)), 5)
+
+
+def pin(pid: int, cores: set[int]) -> None:
+    """Every thread of process ``pid`` (0: this one) onto ``cores``; threads made later inherit it."""
+    for tid in os.listdir(f"/proc/{pid or os.getpid()}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cores)
+        except (ProcessLookupError, PermissionError):   # a thread that just ended
+            pass
+
+
+def _busy_ticks() -> float:
+    """Every CPU's busy time so far (clock ticks), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    return sum(fields) - fields[3] - fields[4]   # less idle and iowait
+
+
+def _process_ticks(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])   # utime, stime
+
+
+class _Load:
+    """The machine's load over a timed section: load average before and after, and the CPU time every process
+    but ``pids`` took meanwhile, in cores."""
+
+    def __init__(self, pids: list[int]):
+        self.pids, self.load = pids, os.getloadavg()[0]
+        self.t, self.busy, self.ours = time.perf_counter(), _busy_ticks(), sum(map(_process_ticks, pids))
+
+    def done(self) -> dict:
+        seconds = time.perf_counter() - self.t
+        others = (_busy_ticks() - self.busy) - (sum(map(_process_ticks, self.pids)) - self.ours)
+        return {"load_average_1min_before": round(self.load, 2), "load_average_1min_after": round(os.getloadavg()[0], 2),
+                "other_processes_cores": round(max(others, 0) / os.sysconf("SC_CLK_TCK") / seconds, 2),
+                "seconds": round(seconds, 1)}
+
+
+def _lockstep(runners: dict, runs: int) -> tuple[dict[str, list[tuple[float, float]]], list[dict[str, float]]]:
+    """Every runner's ``runs`` timed calls, taken in turns (see the module docstring); also each turn's block
+    medians (wall), for the paired ratios."""
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in runners}
+    turns: list[dict[str, float]] = []
+    order = list(runners)
+    while min(len(t) for t in times.values()) < runs:
+        turn = {}
+        for k in order:
+            time.sleep(GAP)
+            runners[k](SETTLE)
+            block = runners[k](min(BLOCK, max(runs - len(times[k]), 1)))
+            times[k].extend(block)
+            turn[k] = statistics.median(w for w, _ in block)
+        turns.append(turn)
+        order.reverse()
+    return times, turns
+
+
+def _paired(turns: list[dict[str, float]], key: str, ref: str) -> dict:
+    ratios = [t[key] / t[ref] for t in turns]
+    return {"median": round(statistics.median(ratios), 3), "p25": round(float(np.percentile(ratios, 25)), 3),
+            "p75": round(float(np.percentile(ratios, 75)), 3), "turns": len(ratios)}
 
 
 def executorch_runtime(name: str, venv: Path | None):
@@ -146,9 +229,9 @@ RUNTIMES = ("executorch xnnpack", "qlower litert xnnpack", "qlower cpu", "qlower
 
 
 def bench_litert(name: str, runs: int, warmup: int, thread_counts: list[int], et_venv: Path | None,
-                 wanted: tuple[str, ...] = RUNTIMES) -> dict:
+                 wanted: tuple[str, ...] = RUNTIMES, cores: list[int] | None = None) -> dict:
     """The zoo model quantized at 224: ExecuTorch's XNNPACK, LiteRT (xnnpack, builtin) and qlower's cpu backend
-    (those of ``wanted``), timed in blocks taking turns, at each thread count."""
+    (those of ``wanted``), timed in lock-step on the same cores, at each thread count."""
     import qlower
     from qlower.api import lower_graph
 
@@ -158,9 +241,12 @@ def bench_litert(name: str, runs: int, warmup: int, thread_counts: list[int], et
                           backend_options={"kernels": "xnnpack"})
     canonical = base.canonical_graph
     x = example[0].numpy()
+    with torch.inference_mode():
+        want = model.eval()(*example).numpy()
     et = executorch_runtime(name, et_venv if "executorch xnnpack" in wanted else None)
     result = {"model": name, "size": 224, "executorch": None if isinstance(et, str) else "1.5.1 xnnpack",
               "executorch_note": et if isinstance(et, str) else None, "threads": {}}
+    allowed = sorted(os.sched_getaffinity(0))
     try:
         for threads in thread_counts:
             runners: dict[str, object] = {}
@@ -171,29 +257,38 @@ def bench_litert(name: str, runs: int, warmup: int, thread_counts: list[int], et
             # float32 requantization and add forms, which the cpu backend runs on its slow generic kernels
             if "qlower cpu" in wanted:
                 progs["qlower cpu"] = lower_graph(canonical, "cpu", threads=threads)
+            outputs = {k: p.run(x)[0] for k, p in progs.items()}
             if not isinstance(et, str):
                 et.set_threads(threads)
                 runners["executorch xnnpack"] = et.run
+                outputs["executorch xnnpack"] = et.output()
             for k, p in progs.items():
                 runners[k] = lambda n, p=p: [_time_cpu(lambda: p.run(x)) for _ in range(n)]
             runners = {k: runners[k] for k in RUNTIMES if k in runners}
             for run in runners.values():
-                run(warmup)
-            # blocks of BLOCK runs, runtimes taking turns: each runtime's thread pool (OpenMP, ruy, pthreadpool)
-            # spins for a while after it runs, so run-by-run alternation would time each one against the
-            # previous one's spinning threads; SETTLE untimed runs start each block instead
-            times: dict[str, list[tuple[float, float]]] = {k: [] for k in runners}
-            while min(len(t) for t in times.values()) < runs:
-                for k, run in runners.items():
-                    run(SETTLE)
-                    times[k].extend(run(min(BLOCK, runs - len(times[k]))))
+                run(warmup)   # every thread pool exists now: pin them all
+            use = set(cores or allowed[:threads])
+            pids = [0] + ([et.proc.pid] if not isinstance(et, str) else [])
+            for pid in pids:
+                pin(pid, use)
+            load = _Load([pid or os.getpid() for pid in pids])
+            times, turns = _lockstep(runners, runs)
+            section = {"cores": sorted(use), **load.done()}
+            for pid in pids:
+                pin(pid, set(allowed))
             rows = {k: _stats(t) for k, t in times.items()}
+            for k, y in outputs.items():
+                rows[k]["rel_error_vs_float"] = _rel_error(y, want)
+            if "executorch xnnpack" in outputs and "qlower litert xnnpack" in outputs:
+                rows["executorch xnnpack"]["rel_error_vs_qlower_xnnpack"] = _rel_error(
+                    outputs["executorch xnnpack"], outputs["qlower litert xnnpack"])
             for k, p in progs.items():
                 rows[k].update(_exactness(p, x))
             ref = rows.get("executorch xnnpack")
-            for row in rows.values():
+            for k, row in rows.items():
                 row["vs_executorch"] = round(row["median_ms"] / ref["median_ms"], 3) if ref else None
-            result["threads"][str(threads)] = rows
+                row["paired_vs_executorch"] = _paired(turns, k, "executorch xnnpack") if ref else None
+            result["threads"][str(threads)] = {"load": section, **rows}
     finally:
         if not isinstance(et, str):
             et.close()
@@ -218,13 +313,17 @@ def main() -> None:
     parser.add_argument("--no-ir", dest="ir", action="store_false", help="skip the IR-graph rows")
     parser.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=list(RUNTIMES), metavar="RUNTIME",
                         help=f"the zoo-model rows to time (default all: {', '.join(map(repr, RUNTIMES))})")
+    parser.add_argument("--cores", type=int, nargs="+", default=None,
+                        help="the cores every zoo-row runtime is pinned to (default: the first N this process may use, "
+                             "N the thread count)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "latency.json")
     args = parser.parse_args()
 
     load_before = os.getloadavg()[0]
     rows = [bench(m, args.runs, args.warmup, args.threads, args.check) for m in args.models] if args.ir else []
     et_venv = args.executorch_venv if args.executorch else None
-    litert = ([bench_litert(m, args.runs, args.warmup, args.zoo_threads, et_venv, tuple(args.runtimes))
+    litert = ([bench_litert(m, args.runs, args.warmup, args.zoo_threads, et_venv, tuple(args.runtimes),
+                        args.cores)
                for m in args.models]
               if args.litert else [])
     result = {
@@ -252,20 +351,28 @@ def _print_table(r: dict) -> None:
     for line in (header, *rows) if rows else ():
         print("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
     if r["zoo_models"]:
-        print("\nzoo models (224x224, batch 1), same run, blocks of 10 taking turns; ratio to ExecuTorch's XNNPACK:")
-        print(f"{'model':14s} {'thr':>3s} {'runtime':22s} {'median ms':>10s} {'p10-p90':>14s} {'cpu ms':>7s} "
-              f"{'vs ET':>7s} {'max steps':>10s} {'exact':>8s}")
+        print(f"\nzoo models (224x224, batch 1), same run, lock-step turns of {SETTLE}+{BLOCK} calls, pinned to the "
+              "same cores; ratio to ExecuTorch's XNNPACK (medians; paired: median over turns):")
+        print(f"{'model':14s} {'thr':>3s} {'runtime':22s} {'median ms':>10s} {'IQR':>14s} {'cpu ms':>7s} "
+              f"{'vs ET':>7s} {'paired':>7s} {'max steps':>10s} {'exact':>8s} {'err/float':>9s}")
         for m in r["zoo_models"]:
             if m["executorch_note"]:
                 print(f"{m['model']}: ExecuTorch XNNPACK column {m['executorch_note']}")
             for threads, rows in m["threads"].items():
                 for k, row in rows.items():
+                    if k == "load":
+                        continue
                     ratio = f"{row['vs_executorch']:.2f}x" if row["vs_executorch"] else "-"
+                    paired = f"{row['paired_vs_executorch']['median']:.2f}x" if row["paired_vs_executorch"] else "-"
                     steps = f"{row['max_steps_vs_reference']:10.3f}" if "exact_share" in row else f"{'-':>10s}"
                     exact = f"{100 * row['exact_share']:7.2f}%" if "exact_share" in row else f"{'-':>8s}"
                     print(f"{m['model']:14s} {threads:>3s} {k:22s} {row['median_ms']:10.2f} "
-                          f"{row['p10_ms']:6.1f}-{row['p90_ms']:<7.1f} {row['cpu_median_ms']:7.2f} {ratio:>7s} "
-                          f"{steps} {exact}")
+                          f"{row['p25_ms']:6.2f}-{row['p75_ms']:<7.2f} {row['cpu_median_ms']:7.2f} {ratio:>7s} "
+                          f"{paired:>7s} {steps} {exact} {row['rel_error_vs_float']:9.4f}")
+                ld = rows["load"]
+                print(f"{'':14s} {threads:>3s} load: cores {ld['cores']}, load average {ld['load_average_1min_before']}"
+                      f" -> {ld['load_average_1min_after']}, other processes {ld['other_processes_cores']} cores "
+                      f"over {ld['seconds']} s")
     mc = r["machine"]
     print(f"IR rows: threads {r['threads']}; median of {r['runs']} runs after {r['warmup']} warm-up; "
           f"load average {mc['load_average_1min_before']} -> {mc['load_average_1min_after']} on {mc['cpus']} CPUs")
