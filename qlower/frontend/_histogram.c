@@ -43,20 +43,25 @@ static int64_t floor_shift(int64_t g, int64_t s) /* floor(g / 2^s) */
 }
 
 /* counts moved from grid (e0, o0) to the coarser or equal grid (e1, o1) that holds all of them. */
-static void rebin(double *counts, int64_t nbins, int64_t e0, int64_t o0, int64_t e1, int64_t o1)
+static int rebin(double *counts, int64_t nbins, int64_t e0, int64_t o0, int64_t e1, int64_t o1)
 {
     double *moved = calloc((size_t)nbins, sizeof(double));
+    if (!moved)
+        return -1;
     for (int64_t j = 0; j < nbins; j++)
         if (counts[j] != 0.0)
             moved[floor_shift(o0 + j, e1 - e0) - o1] += counts[j];
     memcpy(counts, moved, (size_t)nbins * sizeof(double));
     free(moved);
+    return 0;
 }
 
-static void accumulate(const float *x, int64_t n, double *counts, int64_t nbins, int64_t e, int64_t origin,
-                       int all_finite)
+static int accumulate(const float *x, int64_t n, double *counts, int64_t nbins, int64_t e, int64_t origin,
+                      int all_finite)
 {
     uint32_t *tables = calloc((size_t)(QH_TABLES * nbins), sizeof(uint32_t));
+    if (!tables)
+        return -1;
     const double inv = ldexp(1.0, (int)-e);
     const int32_t origin32 = (int32_t)origin; /* |origin| < 2^26 (qh_exponent) */
     int32_t idx[QH_BLOCK];
@@ -91,6 +96,7 @@ static void accumulate(const float *x, int64_t n, double *counts, int64_t nbins,
         }
     }
     free(tables);
+    return 0;
 }
 
 static float ordered_float(int32_t k) /* the inverse of the order-preserving map in qh_observe */
@@ -103,7 +109,7 @@ static float ordered_float(int32_t k) /* the inverse of the order-preserving map
 
 /* One batch x[0..n) into the running histogram (counts[nbins]; state = {exponent, origin}, exponent
    QH_EMPTY before any finite value; range = {min, max} of the finite values seen). Returns how many
-   values of x were finite. */
+   values of x were finite, or -1 when memory ran out (histogram.py raises MemoryError). */
 int64_t qh_observe(const float *x, int64_t n, double *counts, int64_t nbins, int64_t *state, float *range)
 {
     /* extremes over the float bits mapped to integers in the floats' order (vectorizes without fast-math) */
@@ -138,14 +144,13 @@ int64_t qh_observe(const float *x, int64_t n, double *counts, int64_t nbins, int
     int64_t origin = (int64_t)floor(ldexp((double)lo, (int)-e));
     if (state[0] == QH_EMPTY)
         memset(counts, 0, (size_t)nbins * sizeof(double));
-    else if (e != state[0] || origin != state[1])
-        rebin(counts, nbins, state[0], state[1], e, origin);
+    else if ((e != state[0] || origin != state[1]) && rebin(counts, nbins, state[0], state[1], e, origin))
+        return -1;
     state[0] = e;
     state[1] = origin;
     range[0] = lo;
     range[1] = hi;
-    accumulate(x, n, counts, nbins, e, origin, bad == 0);
-    return n - bad;
+    return accumulate(x, n, counts, nbins, e, origin, bad == 0) ? -1 : n - bad;
 }
 
 /* torchao HistogramObserver._compute_quantization_error: the L2 error of quantizing hist[0..nb) (bins of
@@ -171,10 +176,14 @@ static double l2_error(const double *hist, int64_t nb, double width, int64_t dst
     return norm;
 }
 
-/* torchao HistogramObserver._non_linear_param_search on hist[0..nb): out = {start bin, end bin}. */
+/* torchao HistogramObserver._non_linear_param_search on hist[0..nb): out = {start bin, end bin}
+   ({-1, -1} when memory ran out). */
 void qh_l2_search(const double *hist, int64_t nb, double width, int64_t dst_nbins, int64_t *out)
 {
     double *csum = malloc((size_t)nb * sizeof(double));
+    out[0] = out[1] = -1;
+    if (!csum)
+        return;
     double total = 0.0;
     for (int64_t i = 0; i < nb; i++)
         csum[i] = total += hist[i];

@@ -89,7 +89,10 @@ def observe(x: torch.Tensor, counts: torch.Tensor, grid: torch.Tensor, extremes:
     if lib is None:
         return observe_torch(x, counts, grid, extremes)
     x = x.detach().to(torch.float32).contiguous()
-    return int(lib.qh_observe(_ptr(x), x.numel(), _ptr(counts), counts.numel(), _ptr(grid), _ptr(extremes)))
+    finite = int(lib.qh_observe(_ptr(x), x.numel(), _ptr(counts), counts.numel(), _ptr(grid), _ptr(extremes)))
+    if finite < 0:
+        raise MemoryError("qlower observers: no memory for a histogram update")
+    return finite
 
 
 def observe_torch(x: torch.Tensor, counts: torch.Tensor, grid: torch.Tensor, extremes: torch.Tensor) -> int:
@@ -130,6 +133,8 @@ def l2_search(hist: torch.Tensor, width: float, dst_nbins: int) -> tuple[int, in
     hist = hist.to(torch.float64).contiguous()
     out = torch.zeros(2, dtype=torch.int64)
     lib.qh_l2_search(_ptr(hist), hist.numel(), width, dst_nbins, _ptr(out))
+    if int(out[0]) < 0:
+        raise MemoryError("qlower observers: no memory for the range search")
     return int(out[0]), int(out[1])
 
 
