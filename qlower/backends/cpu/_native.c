@@ -438,6 +438,21 @@ int64_t qlw_dwconv_i8(const int8_t *restrict x, const int64_t *restrict g, const
 /* im2col of an NHWC int8 tensor for a KHxKW convolution: cols[(n, oh, ow), (ky, kx, c)],
  * taps outside the input hold the input zero point. g as in qlw_dwconv_i8. With DW == 1 the taps
  * of one kernel row are KW*C contiguous input bytes: one copy, the padding columns filled around it. */
+/* n bytes from s to d (or the byte z when s is NULL); AVX-512BW builds copy 64 bytes per masked move, so
+ * that the few bytes of a small-channel row (a 3-channel stem: 9) cost no library call */
+static inline void copy_bytes(int8_t *restrict d, const int8_t *restrict s, int8_t z, int64_t n) {
+#if defined(__AVX512BW__)
+    const __m512i fill = _mm512_set1_epi8(z);
+    for (int64_t i = 0; i < n; i += 64) {
+        const __mmask64 m = n - i >= 64 ? ~0ull : (1ull << (n - i)) - 1;
+        _mm512_mask_storeu_epi8(d + i, m, s ? _mm512_maskz_loadu_epi8(m, s + i) : fill);
+    }
+#else
+    if (s) memcpy(d, s, (size_t)n);
+    else memset(d, z, (size_t)n);
+#endif
+}
+
 void qlw_im2col_i8(const int8_t *restrict x, const int64_t *restrict g, int8_t *restrict cols) {
     const int64_t N = g[0], H = g[1], W = g[2], C = g[3], KH = g[4], KW = g[5], SH = g[6], SW = g[7];
     const int64_t DH = g[8], DW = g[9], PT = g[10], PL = g[11], OH = g[12], OW = g[13];
@@ -453,16 +468,16 @@ void qlw_im2col_i8(const int8_t *restrict x, const int64_t *restrict g, int8_t *
                 int8_t *restrict d = dst + ky * KW * C;
                 const int64_t ix0 = ow * SW - PL;
                 if (iy < 0 || iy >= H) {
-                    memset(d, zx, (size_t)(KW * C));
+                    copy_bytes(d, NULL, zx, KW * C);
                 } else if (DW == 1) {
                     const int64_t k0 = ix0 < 0 ? -ix0 : 0, k1 = W - ix0 < KW ? W - ix0 : KW;
                     if (k1 <= k0) {
-                        memset(d, zx, (size_t)(KW * C));
+                        copy_bytes(d, NULL, zx, KW * C);
                         continue;
                     }
-                    if (k0 > 0) memset(d, zx, (size_t)(k0 * C));
-                    memcpy(d + k0 * C, x + ((n * H + iy) * W + ix0 + k0) * C, (size_t)((k1 - k0) * C));
-                    if (k1 < KW) memset(d + k1 * C, zx, (size_t)((KW - k1) * C));
+                    if (k0 > 0) copy_bytes(d, NULL, zx, k0 * C);
+                    copy_bytes(d + k0 * C, x + ((n * H + iy) * W + ix0 + k0) * C, zx, (k1 - k0) * C);
+                    if (k1 < KW) copy_bytes(d + k1 * C, NULL, zx, (KW - k1) * C);
                 } else {
                     for (int64_t kx = 0; kx < KW; kx++) {
                         const int64_t ix = ix0 + kx * DW;
