@@ -29,11 +29,13 @@ took on the machine during it (from /proc/stat less this process and the server)
 outputs are compared: ExecuTorch's and every qlower row's against the float model's (relative L2 error) and
 ExecuTorch's against qlower's xnnpack program. ``--runtimes`` picks the rows (e.g. ``"executorch xnnpack"
 "qlower litert xnnpack"``). Each qlower output is compared once with the reference interpreter on the
-program's source: max difference in output steps and share of exact elements.
+program's source: max difference in output steps and share of exact elements. ``--deny-amx`` (a diagnosis)
+refuses AMX to this process before anything starts XNNPACK: LiteRT's XNNPACK then runs the AVX-512 VNNI GEMM
+kernels ExecuTorch's build runs (it has no AMX kernels); the JSON records whether AMX was permitted.
 
     python benchmarks/latency.py [--runs 50] [--warmup 10] [--threads 2] [--no-check] [--no-ir]
                                  [--no-litert] [--zoo-threads 1 2] [--no-executorch] [--runtimes NAME ...]
-                                 [--cores 0 1]
+                                 [--cores 0 1] [--deny-amx]
 
 Prints a table and writes benchmarks/results/latency.json (per-run times, medians,
 load average, machine).
@@ -295,6 +297,40 @@ def bench_litert(name: str, runs: int, warmup: int, thread_counts: list[int], et
     return result
 
 
+_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1022, 0x1023, 18
+_small_stack = None   # deny_amx's signal stack, kept alive for the process
+
+
+def amx_permitted() -> bool | None:
+    """Whether this process may use AMX tiles (Linux x86-64; None elsewhere or when the kernel can't say)."""
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return None
+    import ctypes
+    mask = ctypes.c_uint64(0)
+    if ctypes.CDLL(None, use_errno=True).syscall(_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, ctypes.byref(mask)) != 0:
+        return None
+    return bool(mask.value >> _XFEATURE_XTILEDATA & 1)
+
+
+def deny_amx() -> bool:
+    """A diagnosis for ``--deny-amx``: make this process's later requests for AMX fail (Linux refuses AMX to a
+    process with a thread whose signal stack is too small for AMX state, so one is installed on this thread),
+    so XNNPACK, which asks for AMX when it starts, runs its AVX-512 VNNI kernels as ExecuTorch's build does.
+    False when AMX was already granted (then it stays)."""
+    global _small_stack
+    import ctypes
+
+    class StackT(ctypes.Structure):
+        _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    _small_stack = ctypes.create_string_buffer(4096)
+    stack = StackT(ctypes.cast(_small_stack, ctypes.c_void_p), 0, len(_small_stack))
+    if libc.sigaltstack(ctypes.byref(stack), None) != 0:
+        return False
+    return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=50)
@@ -317,7 +353,12 @@ def main() -> None:
                         help="the cores every zoo-row runtime is pinned to (default: the first N this process may use, "
                              "N the thread count)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "latency.json")
+    parser.add_argument("--deny-amx", action="store_true",
+                        help="diagnosis: refuse AMX to this process, so LiteRT's XNNPACK runs its AVX-512 VNNI "
+                             "kernels (ExecuTorch's build has no AMX kernels)")
     args = parser.parse_args()
+    if args.deny_amx and not deny_amx():
+        parser.error("--deny-amx: AMX could not be refused (already granted, or not Linux x86-64)")
 
     load_before = os.getloadavg()[0]
     rows = [bench(m, args.runs, args.warmup, args.threads, args.check) for m in args.models] if args.ir else []
@@ -330,6 +371,7 @@ def main() -> None:
         "benchmark": "latency", "threads": args.threads, "runs": args.runs, "warmup": args.warmup,
         "models": rows, "zoo_models": litert,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
+                    "amx_permitted": amx_permitted(), "deny_amx": args.deny_amx,
                     "native_kernels": native.load() is not None, "int8_gemm": int_mm_exact(),
                     "load_average_1min_before": round(load_before, 2),
                     "load_average_1min_after": round(os.getloadavg()[0], 2)},
@@ -375,7 +417,8 @@ def _print_table(r: dict) -> None:
                       f"over {ld['seconds']} s")
     mc = r["machine"]
     print(f"IR rows: threads {r['threads']}; median of {r['runs']} runs after {r['warmup']} warm-up; "
-          f"load average {mc['load_average_1min_before']} -> {mc['load_average_1min_after']} on {mc['cpus']} CPUs")
+          f"load average {mc['load_average_1min_before']} -> {mc['load_average_1min_after']} on {mc['cpus']} CPUs; "
+          f"AMX permitted: {mc['amx_permitted']}{' (denied by --deny-amx)' if mc['deny_amx'] else ''}")
 
 
 if __name__ == "__main__":
