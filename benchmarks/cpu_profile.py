@@ -6,9 +6,10 @@ fused op chain, e.g. ``conv2d+rescale+clamp``; depthwise convs are labelled ``dw
 ones). Medians over the runs per step. On a loaded machine, the CPU time of a 1-thread run is the
 steadier figure.
 
-    python benchmarks/cpu_profile.py [--models mobilenet_v2 resnet18] [--threads 1 2] [--runs 10]
+    python benchmarks/cpu_profile.py [--models mobilenet_v2 resnet18] [--threads 1 2] [--runs 10] [--layers]
 
-Prints a table per model and thread count and writes benchmarks/results/cpu_profile.json.
+Prints a table per model and thread count (with ``--layers``, every step with its layer shape too) and
+writes benchmarks/results/cpu_profile.json (per kind and per step).
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ def _labels(plan) -> list[str]:
     return out
 
 
+def _shape(step) -> str:
+    """A step's layer shape: ``HxWxC->OHxOWxO kK sS`` for convolutions, else its first operand's shape."""
+    op = step.ops[0]
+    if op.kind == "conv2d":
+        (_, h, w, c), (o, kh, _, _), (_, oh, ow, _) = op.operands[0].shape, op.operands[1].shape, op.result.shape
+        return f"{h}x{w}x{c}->{oh}x{ow}x{o} k{kh} s{op.attrs['stride'][0]}"
+    return "x".join(map(str, op.operands[0].shape)) if op.operands and op.operands[0] is not None else ""
+
+
 def profile(graph, x: np.ndarray, threads: int, runs: int, warmup: int) -> dict:
     plan = prepare(graph, threads=threads)
     labels = _labels(plan)
@@ -53,6 +63,10 @@ def profile(graph, x: np.ndarray, threads: int, runs: int, warmup: int) -> dict:
         plan.run([x])
         whole.append((time.perf_counter() - w0, time.process_time() - c0))
     kinds: dict[str, dict[str, float]] = {}
+    layers = [{"step": i, "kernel": label, "shape": _shape(step),
+               "wall_ms": round(statistics.median(r[i][1] for r in per_step) * 1e3, 4),
+               "cpu_ms": round(statistics.median(r[i][2] for r in per_step) * 1e3, 4)}
+              for i, (label, step) in enumerate(zip(labels, plan._steps))]
     for i, label in enumerate(labels):
         row = kinds.setdefault(label, {"steps": 0, "wall_ms": 0.0, "cpu_ms": 0.0})
         row["steps"] += 1
@@ -62,7 +76,8 @@ def profile(graph, x: np.ndarray, threads: int, runs: int, warmup: int) -> dict:
             "run_wall_ms": round(statistics.median(w for w, _ in whole) * 1e3, 3),
             "run_cpu_ms": round(statistics.median(c for _, c in whole) * 1e3, 3),
             "kinds": {k: {"steps": v["steps"], "wall_ms": round(v["wall_ms"], 3), "cpu_ms": round(v["cpu_ms"], 3)}
-                      for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]["wall_ms"])}}
+                      for k, v in sorted(kinds.items(), key=lambda kv: -kv[1]["wall_ms"])},
+            "layers": layers}
 
 
 def main() -> None:
@@ -71,6 +86,7 @@ def main() -> None:
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--layers", action="store_true", help="also print every step with its layer shape")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "cpu_profile.json"))
     args = parser.parse_args()
     import qlower
@@ -90,6 +106,11 @@ def main() -> None:
             print(f"  {'kernel':44s} {'steps':>5s} {'wall ms':>9s} {'cpu ms':>9s}")
             for k, v in r["kinds"].items():
                 print(f"  {k:44s} {v['steps']:5d} {v['wall_ms']:9.3f} {v['cpu_ms']:9.3f}")
+            if args.layers:
+                print(f"  {'step':>4s} {'kernel':28s} {'layer':32s} {'wall ms':>9s} {'cpu ms':>9s}")
+                for row in r["layers"]:
+                    print(f"  {row['step']:4d} {row['kernel']:28s} {row['shape']:32s} {row['wall_ms']:9.3f} "
+                          f"{row['cpu_ms']:9.3f}")
         results["models"][name] = rows
     results["load_average_1min_after"] = round(os.getloadavg()[0], 2)
     print(f"\nload average {results['load_average_1min_before']} -> {results['load_average_1min_after']}")
