@@ -77,8 +77,10 @@ def _build(compiler: str) -> Path:
     return target
 
 
-def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
-    return ctypes.c_void_p(t.data_ptr())
+def _ptr(t: torch.Tensor) -> int:
+    """The tensor's data address: ctypes passes a plain int to a ``c_void_p`` parameter as the pointer
+    (no ``c_void_p`` object per argument: a run makes ~300 such calls)."""
+    return t.data_ptr()
 
 
 class NativeKernels:
