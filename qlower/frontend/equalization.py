@@ -20,6 +20,13 @@ no pair), and zero scales to zero. BatchNorms must be folded first (batch_norm_f
 function is unchanged up to float rounding (tests/test_quant_methods.py, on random nets and on every
 trained zoo model).
 
+Before any range is measured, the taps of a conv that read only zero padding at the graph's (static)
+input size are zeroed (``zero_unread_taps``): exact, since they multiply zeros at every output
+position, and a range is then set by the weights that meet data. At small inputs they are common: a
+5x5 depthwise conv on a 1x1 feature map reads its centre tap alone, yet its 24 others set its per-tensor
+range (MobileNetV3-Small at 32x32: with 4-bit weights those layers' outputs were noise, 0 dB SQNR, and
+the model's output 3.6 dB; with the unread taps zeroed, 11 dB).
+
 A per-channel bound has no place in one per-tensor requantization, so a ReLU6 whose bounds now
 differ becomes ``clamp(y, 0, max_i M_i)`` (still fused into the first layer) followed by
 ``minimum(., M)``, a pick in the same quantization domain: exact in float and in integers.
@@ -166,9 +173,56 @@ def rescale(gm: GraphModule, pair: Pair, s: torch.Tensor) -> None:
     pair.total *= s
 
 
+def _ints(value: object, dims: int) -> list[int] | None:
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * dims
+    return [int(v) for v in values] if len(values) == dims and all(isinstance(v, int) for v in values) else None
+
+
+def read_taps(node: Node) -> torch.Tensor | None:
+    """Which taps of the conv ``node``'s kernel (a bool tensor of its spatial shape) read input data at
+    some output position, not only zero padding; None when the shapes are not static."""
+    x, w, y = (getattr(a, "meta", {}).get("val") for a in (node.args[0], node.args[1], node))
+    if not all(isinstance(t, torch.Tensor) for t in (x, w, y)):
+        return None
+    dims = w.dim() - 2
+    stride, padding, dilation = (_ints(_arg(node, k, d), dims) for k, d in (("stride", 1), ("padding", 0),
+                                                                            ("dilation", 1)))
+    shapes = [x.shape[-dims:], w.shape[2:], y.shape[-dims:]] if dims > 0 else []
+    if None in (stride, padding, dilation) or dims < 1 or not all(isinstance(s, int) for t in shapes for s in t):
+        return None
+    read = torch.ones((), dtype=torch.bool)
+    for d in range(dims):
+        taps = torch.arange(w.shape[2 + d])
+        where = torch.arange(y.shape[-dims + d])[:, None] * stride[d] - padding[d] + taps[None, :] * dilation[d]
+        along = ((where >= 0) & (where < x.shape[-dims + d])).any(0)
+        read = read[..., None] & along
+    return read
+
+
+def zero_unread_taps(gm: GraphModule) -> int:
+    """Zero, in place, the kernel taps of every conv (owning its weight) that read only its zero padding;
+    returns how many convs changed. The function is unchanged: those taps only ever multiply zeros."""
+    attr_uses = Counter(n.target for n in gm.graph.nodes if n.op == "get_attr")
+    changed = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target not in (aten.conv1d.default, aten.conv2d.default):
+            continue  # (the .padding variants, padding "same" / "valid", are left as they are)
+        if not owned_attribute(node.args[1], attr_uses):
+            continue
+        read = read_taps(node)
+        if read is None or bool(read.all()):
+            continue
+        w = attribute_tensor(gm, node.args[1]).detach()
+        set_attribute_tensor(gm, node.args[1].target, torch.where(read, w, torch.zeros_like(w)))
+        changed += 1
+    return changed
+
+
 def equalize(gm: GraphModule, batches: list[tuple] | None = None, absorb_bias: bool = False) -> int:
     """Equalize, in place, every pair of layers described above (and absorb high biases, on the
-    calibration ``batches``, when ``absorb_bias``); returns how many pairs changed."""
+    calibration ``batches``, when ``absorb_bias``), after zeroing the taps that read only padding;
+    returns how many pairs changed."""
+    zero_unread_taps(gm)
     pairs = find_pairs(gm)
     for _ in range(SWEEPS):
         largest = 0.0
