@@ -28,6 +28,7 @@ the same model, config and recipe (``--redo`` measures them again).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import time
@@ -37,6 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import qlower
 from qlower import zoo
@@ -95,21 +97,49 @@ def finetune(name: str, quant: qlower.QuantConfig, recipe: Recipe, show: bool = 
     calibration = calibration if calibration is not None else hard_calibration(zoo_calibration)
     qat = qlower.prepare_qat(model if model is not None else zoo_model, example, quant, calibration,
                              learn_scales=recipe.learn_scales)
-    x_train, y_train, _, _ = zoo.digits.dataset() if name == "digits_cnn" else trained.dataset()
     scales = scale_parameters(qat)
     weights = [p for p in qat.parameters() if all(p is not s for s in scales)]
-    opt = torch.optim.Adam([{"params": weights}, {"params": scales, "lr": recipe.scale_lr}], lr=recipe.lr)
+
+    def freeze(step: int) -> None:
+        if step == recipe.bn_freeze:
+            freeze_batch_norms(qat)
+        if step == int(recipe.range_freeze * recipe.steps):
+            freeze_ranges(qat)
+
+    losses = train_steps(qat.train(), name, recipe, [{"params": weights}, {"params": scales, "lr": recipe.scale_lr}],
+                         freeze, show, "QAT")
+    return qat.eval(), losses
+
+
+def finetune_float(name: str, recipe: Recipe, show: bool = True):
+    """The control: the trained zoo model ``name`` fine-tuned in float by ``recipe`` (same batches, same
+    schedule, batch norms on running statistics after ``bn_freeze`` steps), in eval mode, and its losses.
+    What the same data gives without quantization: QAT's gain over fp32 that is only the distortion."""
+    model = copy.deepcopy(zoo.get(name, trained=True)[0])
+
+    def freeze(step: int) -> None:
+        if step == recipe.bn_freeze:
+            for m in model.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    m.eval()
+
+    losses = train_steps(model.train(), name, recipe, [{"params": list(model.parameters())}], freeze, show, "fp32")
+    return model.eval(), losses
+
+
+def train_steps(model, name: str, recipe: Recipe, groups: list[dict], freeze, show: bool, label: str):
+    """``recipe.steps`` Adam steps (cosine decay) of ``model`` on the training digits (shifted, distorted
+    unless ``recipe.distort`` is off), ``freeze(step)`` called before each; the mean loss of the first
+    and of the last 20 steps."""
+    x_train, y_train, _, _ = zoo.digits.dataset() if name == "digits_cnn" else trained.dataset()
+    opt = torch.optim.Adam(groups, lr=recipe.lr)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(opt, recipe.steps)
     g = torch.Generator().manual_seed(recipe.seed)
     order = torch.randperm(len(y_train), generator=g)
     losses = []
-    qat.train()
-    with progress_bar(show, total=recipe.steps, desc=f"QAT {name}", unit="step") as bar:
+    with progress_bar(show, total=recipe.steps, desc=f"{label} {name}", unit="step") as bar:
         for step in range(recipe.steps):
-            if step == recipe.bn_freeze:
-                freeze_batch_norms(qat)
-            if step == int(recipe.range_freeze * recipe.steps):
-                freeze_ranges(qat)
+            freeze(step)
             start = (step * recipe.batch) % len(order)
             if start + recipe.batch > len(order):
                 order, start = torch.randperm(len(y_train), generator=g), 0
@@ -118,7 +148,7 @@ def finetune(name: str, quant: qlower.QuantConfig, recipe: Recipe, show: bool = 
             x = shift(x_train[index], 0 if name == "digits_cnn" else 2, g)
             if recipe.distort:
                 x = digits.distort(x, TRAIN_SEED + step)
-            loss = F.cross_entropy(qat(x), y_train[index])
+            loss = F.cross_entropy(model(x), y_train[index])
             loss.backward()
             opt.step()
             schedule.step()
@@ -126,8 +156,8 @@ def finetune(name: str, quant: qlower.QuantConfig, recipe: Recipe, show: bool = 
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
             bar.update()
             if not show and (step + 1) % 25 == 0:
-                print(f"  QAT {name} step {step + 1}/{recipe.steps}: loss {np.mean(losses[-20:]):.3f}", flush=True)
-    return qat.eval(), (float(np.mean(losses[:20])), float(np.mean(losses[-20:])))
+                print(f"  {label} {name} step {step + 1}/{recipe.steps}: loss {np.mean(losses[-20:]):.3f}", flush=True)
+    return float(np.mean(losses[:20])), float(np.mean(losses[-20:]))
 
 
 def _quality(prefix: str, model, prog: qlower.Program, data, reference: np.ndarray) -> dict:
@@ -157,7 +187,30 @@ def run_case(name: str, config: str, recipe: Recipe, show: bool) -> dict:
     return row
 
 
+def run_float_control(name: str, recipe: Recipe, show: bool) -> dict:
+    """Row ``fp32_finetuned``: the fp32 model fine-tuned by ``recipe`` in float (``finetune_float``), top-1
+    and agreement with the trained fp32 model on digits-hard."""
+    model = zoo.get(name, trained=True)[0]
+    data = trained.held_out(name, "digits-hard")
+    reference = float_outputs(model, data)
+    t0 = time.perf_counter()
+    tuned, (first, last) = finetune_float(name, recipe, show)
+    outputs = float_outputs(tuned, data)
+    labels = data.labels.numpy()
+    return {"model": name, "config": "fp32_finetuned", "recipe": asdict(recipe), "images": len(labels),
+            "fp32_top1": float(np.mean(reference.argmax(1) == labels)),
+            "finetuned_top1": float(np.mean(outputs.argmax(1) == labels)),
+            "finetuned_agreement": float(np.mean(outputs.argmax(1) == reference.argmax(1))),
+            "loss_first": round(first, 4), "loss_last": round(last, 4),
+            "train_seconds": round(time.perf_counter() - t0, 1)}
+
+
 def _line(row: dict) -> str:
+    if row["config"] == "fp32_finetuned":
+        return (f"{row['model']:19s} {'fp32 fine-tuned':16s} {100 * row['fp32_top1']:6.2f}%  fine-tuned in float: "
+                f"{100 * row['finetuned_top1']:6.2f}% (agreement {100 * row['finetuned_agreement']:6.2f}%)  "
+                f"{row['recipe']['steps']:5d} {row['train_seconds']:6.0f}")
+
     def cell(prefix: str) -> str:
         if f"{prefix}_top1" not in row:
             return f"{'-':>22s}"
@@ -179,6 +232,8 @@ def main() -> None:
     parser.add_argument("--learn-scales", default=Recipe.learn_scales, choices=["none", "weights", "all"])
     parser.add_argument("--scale-lr", type=float, default=Recipe.scale_lr)
     parser.add_argument("--clean", action="store_true", help="fine-tune on the clean training digits")
+    parser.add_argument("--float-control", action="store_true",
+                        help="per model, fine-tune in float by the same recipe instead (what the data alone gives)")
     parser.add_argument("--redo", action="store_true", help="measure the rows the JSON file holds again")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", default=str(OUT))
@@ -189,6 +244,8 @@ def main() -> None:
                     distort=not args.clean)
     cases = DEFAULT if not args.models else [(m, c, Recipe.steps) for m in args.models
                                              for c in (args.configs or ["w4_per_tensor"])]
+    if args.float_control:
+        cases = list({(m, "fp32_finetuned", steps): None for m, _, steps in cases})
     out = Path(args.out)
     saved = json.loads(out.read_text()) if out.exists() else {}
     rows = saved.get("rows", [])
@@ -204,7 +261,8 @@ def main() -> None:
         if done and not args.redo:
             print(_line(done[0]) + "  (kept)", flush=True)
             continue
-        row = run_case(name, config, recipe, not args.no_progress)
+        row = (run_float_control(name, recipe, not args.no_progress) if config == "fp32_finetuned"
+               else run_case(name, config, recipe, not args.no_progress))
         rows = [r for r in rows if key(r) != key(row)] + [row]
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"torch_threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")
