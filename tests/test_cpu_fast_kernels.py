@@ -23,7 +23,7 @@ def calls(monkeypatch):
     ran: dict[str, int] = {}
     if kernels is None:
         return None
-    for name in ("dwconv_fast", "qgemm", "nchw_to_nhwc"):
+    for name in ("dwconv_fast", "qgemm", "qgemm_amx", "nchw_to_nhwc"):
         original = getattr(type(kernels), name)
 
         def spy(self, *args, _name=name, _original=original):
@@ -86,6 +86,19 @@ def test_fast_requantized_gemm_matches_reference(calls, m, k, n):
     assert_cpu_matches_reference(graph, [x], configs=({},), trace=False)
     if calls is not None and native.load().has_qgemm:
         assert calls.get("qgemm"), "the fused GEMM did not run"
+
+
+@pytest.mark.parametrize("m, k, n", [(16, 64, 64), (37, 96, 120), (50, 200, 24), (17, 448, 70), (16, 4, 16)])
+def test_amx_gemm_matches_reference(calls, m, k, n):
+    """Row tails (M % 16), K steps of 64 with and without a tail, 64-column blocks whole, masked and partial."""
+    rng = np.random.default_rng(m * 7 + k)
+    graph = _pow2_conv((1, 1, m, k), n, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), x_zp=int(rng.choice([-128, 127, 3])),
+                       out_zp=int(rng.choice([-128, 127, 0])), clamp=(-128, 127), rng=rng)
+    for x in (rng.choice(np.array([-128, 127, 0, 1, -1], np.int8), (1, 1, m, k)),
+              rng.integers(-128, 128, (1, 1, m, k)).astype(np.int8)):
+        assert_cpu_matches_reference(graph, [x], configs=({},), trace=False)
+    if calls is not None and native.load().has_amx:
+        assert calls.get("qgemm_amx"), "the AMX GEMM did not run"
 
 
 def test_fast_requantization_formula_matches_apply_scale_32():

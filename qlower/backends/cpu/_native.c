@@ -863,9 +863,118 @@ void qlw_dwconv_fast_i8(const int8_t *x, const int64_t *g, const int16_t *w16, c
     (void)x; (void)g; (void)w16; (void)rq; (void)sc; (void)y;
 }
 #endif
+
+/* The same GEMM + fast requantization on AMX tiles (tdpbssd: int8 x int8, 64-term int32 dot products per
+ * step, no +128 shift), for K % 4 == 0: qgemm.py packs the weights once ([NP/16][K/4][16][4], which is the
+ * B tile layout: 16 rows of 4 k-values x 16 columns) and ch holds fast_requant16's parameters for the exact
+ * raw sums sum x * w (|sum| <= K * 128 * 128 < 2**31: exact in the wrapping int32 tiles). Blocks of 16 rows
+ * x 64 columns: four accumulator tiles, K in steps of 64 bytes (a last step of K % 64), stored to a buffer
+ * and requantized row by row. The process asks Linux for the tile state once (qlw_amx_init); without it
+ * qlw_has_amx() is 0 and qgemm.py keeps to the VNNI kernel. */
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+long syscall(long number, ...);
+
+typedef struct __attribute__((packed)) {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+static int amx_state = -1;
+
+int64_t qlw_amx_init(void) {
+    if (amx_state < 0) amx_state = syscall(158 /* arch_prctl */, 0x1023 /* ARCH_REQ_XCOMP_PERM */,
+                                           18 /* XFEATURE_XTILEDATA */) == 0;
+    return amx_state;
+}
+
+static void amx_config(tile_config *c, int64_t R, int64_t KT) {
+    memset(c, 0, sizeof *c);
+    c->palette = 1;
+    for (int t = 0; t < 4; t++) { c->rows[t] = (uint8_t)R; c->colsb[t] = 64; }   /* accumulators */
+    c->rows[4] = (uint8_t)R; c->colsb[4] = 64;                                    /* x, 64 k */
+    c->rows[6] = 16; c->colsb[6] = 64;                                            /* w, 64 k */
+    if (KT) {
+        c->rows[5] = (uint8_t)R; c->colsb[5] = (uint16_t)KT;                      /* x, the last K % 64 */
+        c->rows[7] = (uint8_t)(KT / 4); c->colsb[7] = 64;                         /* w, the last K % 64 */
+    }
+}
+
+#define AMX_STEP(V, A, B, KOFF)                                                                        \
+    if (vecs > V) { _tile_loadd(B, w + ((v0 + V) * K + (KOFF)) * 16, 64); _tile_dpbssd(V, A, B); }
+
+void qlw_qgemm_amx_i8(const int8_t *restrict x, int64_t M, int64_t K, int64_t N, const int8_t *restrict w,
+                      const int64_t *restrict ch, const int64_t *restrict sc, int8_t *restrict y) {
+    const int64_t NP = (N + 15) / 16 * 16, nb = (NP / 16 + 3) / 4, mb = (M + 15) / 16;
+    const int64_t KT = K % 64, KF = K - KT;
+    const __m512i lo = _mm512_set1_epi32((int32_t)sc[3]), hi = _mm512_set1_epi32((int32_t)sc[4]);
+    _Pragma("omp parallel if(M * NP * K >= 32 * PAR_MIN)")
+    {
+        tile_config full, tail;
+        amx_config(&full, 16, KT);
+        amx_config(&tail, M % 16, KT);
+        int32_t buf[16][64] __attribute__((aligned(64)));
+        int configured = 0;   /* 1: full rows, 2: the last M % 16 */
+        _Pragma("omp for collapse(2) schedule(static)")
+        for (int64_t bn = 0; bn < nb; bn++) {
+            for (int64_t bm = 0; bm < mb; bm++) {
+                const int64_t r0 = bm * 16, R = M - r0 < 16 ? M - r0 : 16;
+                const int64_t v0 = bn * 4, vecs = NP / 16 - v0 < 4 ? NP / 16 - v0 : 4;
+                const int want = R == 16 ? 1 : 2;
+                if (configured != want) { _tile_loadconfig(want == 1 ? &full : &tail); configured = want; }
+                _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+                const int8_t *restrict xb = x + r0 * K;
+                for (int64_t k0 = 0; k0 < KF; k0 += 64) {
+                    _tile_loadd(4, xb + k0, K);
+                    AMX_STEP(0, 4, 6, k0) AMX_STEP(1, 4, 6, k0) AMX_STEP(2, 4, 6, k0) AMX_STEP(3, 4, 6, k0)
+                }
+                if (KT) {
+                    _tile_loadd(5, xb + KF, K);
+                    AMX_STEP(0, 5, 7, KF) AMX_STEP(1, 5, 7, KF) AMX_STEP(2, 5, 7, KF) AMX_STEP(3, 5, 7, KF)
+                }
+                _tile_stored(0, &buf[0][0], 256); _tile_stored(1, &buf[0][16], 256);
+                _tile_stored(2, &buf[0][32], 256); _tile_stored(3, &buf[0][48], 256);
+                const int64_t c = v0 * 16, left = N - c;
+                const int64_t *q = ch + v0 * 48;
+                for (int64_t r = 0; r < R; r++) {
+                    int8_t *restrict out = y + (r0 + r) * N + c;
+                    if (vecs == 4) {
+                        const __m512i codes = pack64(fast_requant16(_mm512_load_si512(&buf[r][0]), q, lo, hi),
+                                                     fast_requant16(_mm512_load_si512(&buf[r][16]), q + 48, lo, hi),
+                                                     fast_requant16(_mm512_load_si512(&buf[r][32]), q + 96, lo, hi),
+                                                     fast_requant16(_mm512_load_si512(&buf[r][48]), q + 144, lo, hi));
+                        if (left >= 64) _mm512_storeu_si512(out, codes);
+                        else _mm512_mask_storeu_epi8(out, (__mmask64)((1ull << left) - 1), codes);
+                    } else {
+                        for (int64_t v = 0; v < vecs; v++) {
+                            const __mmask16 keep = (__mmask16)(left - 16 * v >= 16 ? 0xFFFF : (1u << (left - 16 * v)) - 1);
+                            _mm512_mask_cvtepi32_storeu_epi8(out + 16 * v, keep,
+                                fast_requant16(_mm512_load_si512(&buf[r][16 * v]), q + 48 * v, lo, hi));
+                        }
+                    }
+                }
+            }
+        }
+        _tile_release();
+    }
+}
+#else
+int64_t qlw_amx_init(void) { return 0; }
+
+void qlw_qgemm_amx_i8(const int8_t *x, int64_t M, int64_t K, int64_t N, const int8_t *w, const int64_t *ch,
+                      const int64_t *sc, int8_t *y) {
+    (void)x; (void)M; (void)K; (void)N; (void)w; (void)ch; (void)sc; (void)y;
+}
+#endif
 #else
 int64_t qlw_has_qgemm(void) { return 0; }
 int64_t qlw_has_dwconv_fast(void) { return 0; }
+int64_t qlw_amx_init(void) { return 0; }
+
+void qlw_qgemm_amx_i8(const int8_t *x, int64_t M, int64_t K, int64_t N, const int8_t *w, const int64_t *ch,
+                      const int64_t *sc, int8_t *y) {
+    (void)x; (void)M; (void)K; (void)N; (void)w; (void)ch; (void)sc; (void)y;
+}
 
 void qlw_dwconv_fast_i8(const int8_t *x, const int64_t *g, const int16_t *w16, const int64_t *rq, const int64_t *sc,
                         int8_t *y) {

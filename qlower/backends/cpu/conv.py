@@ -158,15 +158,20 @@ class GemmConv(_IntGemmOp):
                                acc_op=self.op, clamp=clamp)
         static_rq = requantizer(self.packed) if self.packed is not None else None
         native = self.ctx.native
-        fused = (qgemm.pack(self.packed, params, rank, clamp, rows=int(np.prod(self.out_shape[:-1])))
+        rows = int(np.prod(self.out_shape[:-1]))
+        fused = (qgemm.pack(self.packed, params, rank, clamp, rows=rows, amx=native.has_amx)
                  if self.packed is not None and native is not None and native.has_qgemm else None)
+        amx = fused is not None and fused.chan_amx is not None and native.has_amx and rows >= qgemm.AMX_MIN_M
 
         def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
             p = self.weights(w, b)
             cols = self.cols(x)
             if fused is not None and p is self.packed:
                 out = torch.empty(self.out_shape, dtype=torch.int8)
-                native.qgemm(cols.contiguous(), fused.weights, fused.n, fused.chan, fused.scalars, out)
+                if amx:
+                    native.qgemm_amx(cols.contiguous(), fused.weights, fused.n, fused.chan_amx, fused.scalars, out)
+                else:
+                    native.qgemm(cols.contiguous(), fused.weights, fused.n, fused.chan, fused.scalars, out)
                 return out
             raw = gemm.raw_sum(p, cols) if p.w_zp is None else gemm.accumulate(p, cols, self.op)
             rq = static_rq if p is self.packed else requantizer(p)

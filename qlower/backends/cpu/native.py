@@ -115,6 +115,10 @@ class NativeKernels:
         self._qgemm.argtypes, self._qgemm.restype = [p, i64, i64, i64, p, p, p, p], None
         lib.qlw_has_qgemm.restype = i64
         self.has_qgemm = lib.qlw_has_qgemm() == 1  # built without AVX-512 VNNI, qgemm is an empty stub
+        self._qgemm_amx = lib.qlw_qgemm_amx_i8
+        self._qgemm_amx.argtypes, self._qgemm_amx.restype = [p, i64, i64, i64, p, p, p, p], None
+        lib.qlw_amx_init.restype = i64
+        self.has_amx = self.has_qgemm and lib.qlw_amx_init() == 1   # AMX builds whose process Linux gives tiles
         self._dwconv_fast = lib.qlw_dwconv_fast_i8
         self._dwconv_fast.argtypes, self._dwconv_fast.restype = [p, p, p, p, p, p], None
         lib.qlw_has_dwconv_fast.restype = i64
@@ -168,6 +172,11 @@ class NativeKernels:
         """int8 ``x`` [N, C, H, W] (contiguous) to ``out`` [N, H, W, C]."""
         n, c, h, w = x.shape
         self._to_nhwc(_ptr(x), n, c, h * w, _ptr(out))
+
+    def qgemm_amx(self, x: torch.Tensor, w: torch.Tensor, n: int, chan: torch.Tensor, scalars: torch.Tensor,
+                  out: torch.Tensor) -> None:
+        """``qgemm`` on AMX tiles (K % 4 == 0, ``chan``: qgemm.py's ``chan_amx``)."""
+        self._qgemm_amx(_ptr(x), x.shape[0], x.shape[1], n, _ptr(w), _ptr(chan), _ptr(scalars), _ptr(out))
 
     def lut2(self, a: torch.Tensor, b: torch.Tensor, table: torch.Tensor, out: torch.Tensor) -> None:
         """``out[i] = table[(a[i] + 128) * 256 + b[i] + 128]``: int8 ``a``, ``b``, ``out`` of one size, int8 table."""

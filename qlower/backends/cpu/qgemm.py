@@ -18,6 +18,10 @@ It is also used only while ``K <= MAX_K`` or the GEMM has at most ``SMALL_M`` ro
 past K = 384 oneDNN's blocked GEMM and the separate requantization are faster, except for its classifier's
 single row, 0.05 against 0.13 ms); ``max_k`` (or ``MAX_K``) lifts that in tests of the exactness edge.
 
+With AMX (``NativeKernels.has_amx``), K % 4 == 0 and at least ``AMX_MIN_M`` rows, the same product runs on
+AMX tiles (``qlw_qgemm_amx_i8``: int8 x int8 tile dot products, exact in int32 for the same K bound, with
+fastrq's requantization of the raw sums; the weight packing is already the tiles' layout).
+
 A SINGLE_ROUND rescale whose shifts are in [32, 54] takes fastrq's requantization (offset, rounding term and
 zero point folded into one int64 addend per channel, one clamp; fastrq.py says why it is the same integers);
 other ones the kernel's general requantization below.
@@ -49,6 +53,7 @@ DOT_MAX = 255 * 128      # |(x + 128) * w| for int8 x and w
 MIN_SHIFT = 32           # apply_scale_32's REQUIRE bound is 2**31 from here on
 MAX_K = 384              # speed, not exactness: past it oneDNN's _int_mm is faster, except for a few rows:
 SMALL_M = 4              # one tile of rows (a fully connected layer's batch) takes this kernel at any K
+AMX_MIN_M = 16           # one AMX tile of rows
 
 
 @dataclass(frozen=True)
@@ -59,15 +64,19 @@ class PackedQGemm:
     #                          offset - 128 * colsum (as int32), then mult, shift, round_pos, round_neg of the even
     #                          and the odd channels of each 16
     scalars: torch.Tensor    # int64 [6]: out_zp, qmin, qmax, clamp lo, clamp hi (fastrq: a, b), fastrq or not
+    chan_amx: torch.Tensor | None = None   # fastrq's parameters for the AMX kernel's raw sums (no +128 shift),
+    #                                        when fastrq applies and K % 4 == 0 (the AMX tiles' K step)
 
 
 def pack(p: PackedGemm, params: RescaleParams, rank: int, clamp: tuple[int, int] | None,
-         max_k: int | None = None, rows: int | None = None) -> PackedQGemm | None:
+         max_k: int | None = None, rows: int | None = None, amx: bool = False) -> PackedQGemm | None:
     """The packed weights and parameters, or None when one of the module's conditions fails
-    (``rows``: the GEMM's row count, when known before it runs)."""
+    (``rows``: the GEMM's row count, when known before it runs; ``amx``: the AMX kernel can run here)."""
     if p.engine != "int8" or p.w_zp is not None or p.offset_i32 is None or p.acc_bound > INT32_MAX:
         return None
-    fast_enough = p.k <= (MAX_K if max_k is None else max_k) or (rows is not None and rows <= SMALL_M)
+    on_amx = (amx and p.k % 4 == 0 and rows is not None and rows >= AMX_MIN_M
+              and fastrq.applies(params, rank, p.acc_bound))
+    fast_enough = p.k <= (MAX_K if max_k is None else max_k) or (rows is not None and rows <= SMALL_M) or on_amx
     if not fast_enough or p.k * DOT_MAX >= 2**31 or params.out_dtype is not DType.INT8 or np.any(params.in_zp):
         return None
     if int(params.shift.min()) < MIN_SHIFT or params.axis not in (None, rank - 1):
@@ -85,8 +94,9 @@ def pack(p: PackedGemm, params: RescaleParams, rank: int, clamp: tuple[int, int]
         lanes = np.where(np.arange(np_) < n, np.arange(np_), -1)
         a, b = fastrq.clamp_bounds(params, clamp)
         scalars = torch.tensor([params.out_zp, params.qmin, params.qmax, a, b, 1], dtype=torch.int64)
+        amx = torch.from_numpy(fastrq.parameters(p.offset, params, lanes)) if k % 4 == 0 else None
         return PackedQGemm(n, torch.from_numpy(packed), torch.from_numpy(fastrq.parameters(offset, params, lanes)),
-                           scalars)
+                           scalars, amx)
     rp, rn = requant.rounding_terms(params.shift, params.double_round)
     rows = np.zeros((5, np_), np.int64)
     rows[2] = MIN_SHIFT   # padding channels: any valid shift, never stored
