@@ -101,6 +101,19 @@ def test_amx_gemm_matches_reference(calls, m, k, n):
         assert calls.get("qgemm_amx"), "the AMX GEMM did not run"
 
 
+@pytest.mark.parametrize("c, k, stride, x_zp", [(3, 3, 2, -128), (3, 7, 2, 127), (5, 3, 1, 0)])
+def test_amx_gemm_over_columns_padded_to_4_matches_reference(calls, c, k, stride, x_zp):
+    """A stem-like conv whose K = k * k * c is not a multiple of 4: im2col pads its rows with zero columns."""
+    rng = np.random.default_rng(c * k)
+    pad = k // 2
+    graph = _pow2_conv((1, 11, 10, c), 24, k, 1, (stride, stride), (1, 1), (pad, pad, pad, pad), x_zp=x_zp,
+                       out_zp=-128, clamp=(-128, 127), rng=rng)
+    x = rng.choice(np.array([-128, 127, 0, 1, -1], np.int8), (1, 11, 10, c))
+    assert_cpu_matches_reference(graph, [x], configs=({},), trace=False)
+    if calls is not None and native.load().has_amx:
+        assert calls.get("qgemm_amx"), "the AMX GEMM did not run"
+
+
 def test_fast_requantization_formula_matches_apply_scale_32():
     """fastrq's folded arithmetic (emulated in int64 here, wrapping as the kernel's lanes) against the reference
     rescale, for accumulators at the int32 extremes, near every tie, and random ones; shifts 32..54."""

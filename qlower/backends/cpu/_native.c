@@ -226,7 +226,7 @@ int64_t qlw_qadd_i8(const int8_t *restrict a, const int8_t *restrict b, int64_t 
 }
 
 /* Depthwise convolution, NHWC int8 input (channel multiplier 1), centered weights (w - w_zp).
- * g: N, H, W, C, KH, KW, SH, SW, DH, DW, PT, PL, OH, OW, x_zp (g[15] is unused).
+ * g: N, H, W, C, KH, KW, SH, SW, DH, DW, PT, PL, OH, OW, x_zp (g[15] is not read).
  * w: [KH*KW][C] int32; ch: the 7 rescale parameter arrays (DEFINE_RESCALE), C entries each (only the
  * offsets are read when requant == 0).
  * Each output pixel is computed 32 channels at a time by dw_pairs_32 (AVX-512BW builds, w16 given), the
@@ -435,9 +435,6 @@ int64_t qlw_dwconv_i8(const int8_t *restrict x, const int64_t *restrict g, const
     return flags;
 }
 
-/* im2col of an NHWC int8 tensor for a KHxKW convolution: cols[(n, oh, ow), (ky, kx, c)],
- * taps outside the input hold the input zero point. g as in qlw_dwconv_i8. With DW == 1 the taps
- * of one kernel row are KW*C contiguous input bytes: one copy, the padding columns filled around it. */
 /* n bytes from s to d (or the byte z when s is NULL); AVX-512BW builds copy 64 bytes per masked move, so
  * that the few bytes of a small-channel row (a 3-channel stem: 9) cost no library call */
 static inline void copy_bytes(int8_t *restrict d, const int8_t *restrict s, int8_t z, int64_t n) {
@@ -453,16 +450,21 @@ static inline void copy_bytes(int8_t *restrict d, const int8_t *restrict s, int8
 #endif
 }
 
+/* im2col of an NHWC int8 tensor for a KHxKW convolution: cols[(n, oh, ow), (ky, kx, c)],
+ * taps outside the input hold the input zero point. g as in qlw_dwconv_i8, and g[15]: the row stride of
+ * cols when it is above K = KH*KW*C (the AMX GEMM's K rounded up to 4), the columns past K then 0. With
+ * DW == 1 the taps of one kernel row are KW*C contiguous input bytes: one copy, the padding filled around it. */
 void qlw_im2col_i8(const int8_t *restrict x, const int64_t *restrict g, int8_t *restrict cols) {
     const int64_t N = g[0], H = g[1], W = g[2], C = g[3], KH = g[4], KW = g[5], SH = g[6], SW = g[7];
     const int64_t DH = g[8], DW = g[9], PT = g[10], PL = g[11], OH = g[12], OW = g[13];
     const int8_t zx = (int8_t)g[14];
-    const int64_t K = KH * KW * C;
+    const int64_t K = KH * KW * C, ld = g[15] > K ? g[15] : K;
     _Pragma("omp parallel for schedule(static) if(N * OH * OW * K >= 4 * PAR_MIN)")
     for (int64_t row = 0; row < N * OH; row++) {
         const int64_t n = row / OH, oh = row % OH;
         for (int64_t ow = 0; ow < OW; ow++) {
-            int8_t *restrict dst = cols + (row * OW + ow) * K;
+            int8_t *restrict dst = cols + (row * OW + ow) * ld;
+            if (ld > K) copy_bytes(dst + K, NULL, 0, ld - K);
             for (int64_t ky = 0; ky < KH; ky++) {
                 const int64_t iy = oh * SH - PT + ky * DH;
                 int8_t *restrict d = dst + ky * KW * C;

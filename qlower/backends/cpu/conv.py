@@ -130,7 +130,8 @@ class GemmConv(_IntGemmOp):
         return gemm.pack(w2d, self.w_quant, b, self.b_quant, self.x_dtype, self.x_zp, self.ctx.gemm_engine,
                          cache=cache)
 
-    def cols(self, x: torch.Tensor) -> torch.Tensor:
+    def cols(self, x: torch.Tensor, width: int | None = None) -> torch.Tensor:
+        """The GEMM's [M, K] input; ``width`` > K (native im2col only): rows of ``width`` columns, 0 past K."""
         if self.fc:
             return x.reshape(-1, x.shape[-1])
         g = self.g
@@ -139,8 +140,13 @@ class GemmConv(_IntGemmOp):
                 x = x[:, ::g.sh, ::g.sw, :]
             return x.reshape(g.n * g.oh * g.ow, g.c)
         if self.use_native_im2col:
-            cols = torch.empty((g.n * g.oh * g.ow, g.kh * g.kw * g.c), dtype=torch.int8)
-            self.ctx.native.im2col(x.contiguous(), self.geometry, cols)
+            k = g.kh * g.kw * g.c
+            geometry = self.geometry
+            if width is not None and width > k:
+                geometry = geometry.clone()
+                geometry[15] = width
+            cols = torch.empty((g.n * g.oh * g.ow, max(k, width or 0)), dtype=torch.int8)
+            self.ctx.native.im2col(x.contiguous(), geometry, cols)
             return cols
         return im2col(x if self.pad_dtype is None else x.to(self.pad_dtype), g, self.x_zp)
 
@@ -161,11 +167,15 @@ class GemmConv(_IntGemmOp):
         rows = int(np.prod(self.out_shape[:-1]))
         fused = (qgemm.pack(self.packed, params, rank, clamp, rows=rows, amx=native.has_amx)
                  if self.packed is not None and native is not None and native.has_qgemm else None)
-        amx = fused is not None and fused.chan_amx is not None and native.has_amx and rows >= qgemm.AMX_MIN_M
+        # the AMX kernel steps K by 4: im2col pads the columns of a K % 4 != 0 conv (a 3-channel stem) with zeros
+        k = self.packed.k if self.packed is not None else 0
+        width = -(-k // 4) * 4 if k % 4 and self.use_native_im2col else None
+        amx = (fused is not None and fused.chan_amx is not None and native.has_amx and rows >= qgemm.AMX_MIN_M
+               and (k % 4 == 0 or width is not None))
 
         def run(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
             p = self.weights(w, b)
-            cols = self.cols(x)
+            cols = self.cols(x, width if amx and p is self.packed else None)
             if fused is not None and p is self.packed:
                 out = torch.empty(self.out_shape, dtype=torch.int8)
                 if amx:

@@ -65,7 +65,7 @@ class PackedQGemm:
     #                          and the odd channels of each 16
     scalars: torch.Tensor    # int64 [6]: out_zp, qmin, qmax, clamp lo, clamp hi (fastrq: a, b), fastrq or not
     chan_amx: torch.Tensor | None = None   # fastrq's parameters for the AMX kernel's raw sums (no +128 shift),
-    #                                        when fastrq applies and K % 4 == 0 (the AMX tiles' K step)
+    #                                        when fastrq applies (its K step is 4: conv.py pads im2col's columns)
 
 
 def pack(p: PackedGemm, params: RescaleParams, rank: int, clamp: tuple[int, int] | None,
@@ -74,7 +74,7 @@ def pack(p: PackedGemm, params: RescaleParams, rank: int, clamp: tuple[int, int]
     (``rows``: the GEMM's row count, when known before it runs; ``amx``: the AMX kernel can run here)."""
     if p.engine != "int8" or p.w_zp is not None or p.offset_i32 is None or p.acc_bound > INT32_MAX:
         return None
-    on_amx = (amx and p.k % 4 == 0 and rows is not None and rows >= AMX_MIN_M
+    on_amx = (amx and rows is not None and rows >= AMX_MIN_M
               and fastrq.applies(params, rank, p.acc_bound))
     fast_enough = p.k <= (MAX_K if max_k is None else max_k) or (rows is not None and rows <= SMALL_M) or on_amx
     if not fast_enough or p.k * DOT_MAX >= 2**31 or params.out_dtype is not DType.INT8 or np.any(params.in_zp):
@@ -94,7 +94,7 @@ def pack(p: PackedGemm, params: RescaleParams, rank: int, clamp: tuple[int, int]
         lanes = np.where(np.arange(np_) < n, np.arange(np_), -1)
         a, b = fastrq.clamp_bounds(params, clamp)
         scalars = torch.tensor([params.out_zp, params.qmin, params.qmax, a, b, 1], dtype=torch.int64)
-        amx = torch.from_numpy(fastrq.parameters(p.offset, params, lanes)) if k % 4 == 0 else None
+        amx = torch.from_numpy(fastrq.parameters(p.offset, params, lanes))
         return PackedQGemm(n, torch.from_numpy(packed), torch.from_numpy(fastrq.parameters(offset, params, lanes)),
                            scalars, amx)
     rp, rn = requant.rounding_terms(params.shift, params.double_round)
