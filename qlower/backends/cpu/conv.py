@@ -4,11 +4,12 @@
   conv reads the input as an [M, C] matrix, others go through im2col, whose
   padding taps hold the input zero point (so they contribute exactly 0). Followed
   by an int8 rescale, they run as one native GEMM + requantization where
-  qgemm.py proves it exact (AVX-512 VNNI machines).
+  qgemm.py proves it exact (AVX-512 VNNI machines; AMX tiles where Linux grants them).
 * depthwise and grouped convolutions run "direct": the native int32 depthwise
   kernel (exact while ``max|x - x_zp| * max_o sum|w_o - w_zp| < 2**31``, so every
   partial sum fits int32; on AVX-512BW it multiplies tap pairs in int16, which needs
-  int8 zero points and weights that fit int16: ``pair_weights``), or torch's
+  int8 zero points and weights that fit int16: ``pair_weights``; followed by a rescale that fastrq.py
+  proves, the VNNI kernel ``fast_depthwise_parameters`` describes), or torch's
   float convolution on zero-point-centered operands, in float32 when
   ``max|x - x_zp| * max_o sum|w_o - w_zp|`` <= 2**24 and in float64 otherwise: the
   same subset-sum argument as in gemm.py makes every partial sum exact.
