@@ -1,30 +1,23 @@
-"""Empirical bias correction (Nagel et al. 2019): remove the offset weight quantization adds to each layer's output.
+"""Empirical bias correction (Nagel et al. 2019): remove the mean output shift weight quantization causes.
 
-Quantizing a weight ``W`` to ``W_q`` changes the layer's output ``f`` to ``q``. Here the float graph and
-the same graph with every conv / linear weight quantized (``W_q``: what the weight observer of the
-QuantConfig, observers.py, makes of it) run side by side over all calibration batches, layer by layer
-in graph order, and each layer's correction is subtracted from its bias, in the quantized run too,
-before any later layer reads it. So each layer is corrected for what reaches it from the quantized
-layers above (their weight errors, and what those errors gain through non-linearities such as
-hardswish or a squeeze-excitation gate), not only for its own weight error on float inputs.
+Quantizing a weight ``W`` to ``W_q`` shifts the layer's output; its mean over the calibration data,
+per output channel, is a bias the quantized layer adds and the float one does not (large for
+per-tensor weights of small-range channels). Here the float graph and the same graph with every
+conv / linear weight quantized (``W_q``: what the weight observer of the QuantConfig, observers.py,
+makes of it) run side by side over all calibration batches, layer by layer in graph order; at
+each layer the mean of (quantized output - float output), per output channel, is subtracted from
+its bias, in the quantized run too, before any later layer reads it. So each layer is corrected for
+what reaches it from the quantized layers above (their weight errors, and the mean those errors gain
+through non-linearities such as hardswish or a squeeze-excitation gate), not only for its own weight
+error on float inputs.
 
-What is corrected, per output channel, is the *offset* of ``q`` against the float output, not its
-whole mean shift. Fitting ``q ≈ g·f + b`` over the calibration data (every element of the channel),
-the mean shift ``mean(q - f) = b + (g - 1)·mean(f)`` has two parts: the offset ``b``, which a bias
-removes, and an attenuation ``g < 1`` (a signal the quantized weights pass only in part), whose
-share depends on the mean of the float signal over the calibration images. Removing that share too
-moves every threshold downstream (a ReLU's, a hardsigmoid gate's, the argmax between logits) away
-from where the float model has it: on the trained MobileNetV3-Small with 4-bit weights, whose
-logits come out at a third of their float spread, subtracting even the test set's own mean shift
-from the logits cost 3.5 points of top-1, and subtracting the offset won 1.5. Where the quantized
-output is the float one plus noise (``g = 1``, e.g. int8) offset and mean shift are the same.
-
-The offset is estimated from few samples (32 images, and 1x1 feature maps at the end of a small
+The mean is estimated from few samples (32 images, and 1x1 feature maps at the end of a small
 network), so it is shrunk towards zero by its own standard error ``se`` (positive-part James-Stein,
-``b·max(0, 1 - se²/b²)``; ``se`` from the per-sample means, so the pixels of one image don't count as
-independent samples): an offset within noise of zero is left alone, a clear one corrected almost
-fully. Unshrunk, the estimates at MobileNetV3-Small's 1x1 layers missed the population's offsets by
-more than those offsets were. With a single sample no ``se`` exists and the offset is taken as is.
+``m·max(0, 1 - se²/m²)``; ``se`` from the per-sample means, so the pixels of one image don't count as
+independent samples): a shift within noise of zero is left alone, a clear one corrected almost fully.
+Unshrunk, the 32-image means at MobileNetV3-Small's 1x1 layers and logits (4-bit weights) lay further
+from the shift measured on 640 other images than that shift lay from zero, and the corrections cost
+accuracy. With a single sample no ``se`` exists and the mean is taken as is.
 
 The float function changes (on purpose): the float model ``qlower`` compares against is the
 one captured before this pass. A bias read by other ops too is not changed: the layer gets a
@@ -80,27 +73,15 @@ def _per_sample(x: torch.Tensor, axis: int) -> torch.Tensor:
     return x.reshape(x.shape[0] if axis != 0 and x.dim() > 1 else 1, -1, x.shape[-1]).mean(1)
 
 
-def offset(outs_f: list[torch.Tensor], outs_q: list[torch.Tensor], axis: int,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Per channel of ``axis``: the offset ``b`` of ``q ≈ g·f + b`` over every element of the batches,
-    shrunk by its standard error (positive-part James-Stein; see the module docstring)."""
-    f = torch.cat([o.detach().to(torch.float64).movedim(axis, 0).reshape(o.shape[axis], -1) for o in outs_f], 1)
-    q = torch.cat([o.detach().to(torch.float64).movedim(axis, 0).reshape(o.shape[axis], -1) for o in outs_q], 1)
-    if not f.numel():
-        return torch.zeros(f.shape[0], dtype=torch.float64)
-    f_mean, q_mean = f.mean(1), q.mean(1)
-    f_var = (f - f_mean[:, None]).pow(2).mean(1)
-    covariance = ((f - f_mean[:, None]) * (q - q_mean[:, None])).mean(1)
-    varies = f_var > 1e-10 * f.abs().amax(1).pow(2)  # a constant channel (up to float rounding) has no gain: g = 1
-    gain = torch.where(varies, covariance / f_var.clamp_min(1e-300), torch.ones_like(f_var))
-    beta = torch.zeros_like(f_mean) if bias is None else bias.detach().to(torch.float64).reshape(-1)
-    b = (q_mean - beta) - gain * (f_mean - beta)
-    residual = torch.cat([_per_sample(oq, axis) - beta - gain * (_per_sample(of, axis) - beta)
-                          for of, oq in zip(outs_f, outs_q, strict=True)])
-    if len(residual) < 2:
-        return b
-    se2 = residual.var(0) / len(residual)
-    return b * (1 - se2 / b.pow(2).clamp_min(1e-300)).clamp_min(0)
+def mean_shift(outs_f: list[torch.Tensor], outs_q: list[torch.Tensor], axis: int) -> torch.Tensor:
+    """Per channel of ``axis``: the mean of ``q - f`` over the samples of the batches, shrunk by its
+    standard error (positive-part James-Stein; see the module docstring)."""
+    shifts = torch.cat([_per_sample(q, axis) - _per_sample(f, axis) for f, q in zip(outs_f, outs_q, strict=True)])
+    mean = shifts.mean(0)
+    if len(shifts) < 2:
+        return mean
+    se2 = shifts.var(0) / len(shifts)
+    return mean * (1 - se2 / mean.pow(2).clamp_min(1e-300)).clamp_min(0)
 
 
 def correct_biases(gm: GraphModule, batches: list[tuple], quant: QuantConfig) -> int:
@@ -138,7 +119,7 @@ def correct_biases(gm: GraphModule, batches: list[tuple], quant: QuantConfig) ->
             if n not in quantized:
                 continue
             axis = _axis(n, outs_f[0])
-            shift = offset(outs_f, outs_q, axis, quantized[n][1])
+            shift = mean_shift(outs_f, outs_q, axis)
             corrections[n] = shift
             shape = [1] * outs_q[0].dim()
             shape[axis] = -1
