@@ -59,9 +59,16 @@ class Program:
         return self._runner
 
     def run(self, *inputs: Any) -> list[np.ndarray]:
-        """Run on NumPy arrays or torch tensors (PyTorch layout, like the model); returns NumPy arrays."""
+        """Run on NumPy arrays or torch tensors (PyTorch layout, like the model); returns NumPy arrays.
+        Integer inputs must hold codes in their type's [qmin, qmax] (an InputError naming the input,
+        the code and its index otherwise, on every target)."""
+        from qlower.contract import check_codes
+
         as_numpy = late("as_numpy")
-        return self.runner().run([as_numpy(x, f"input {i}") for i, x in enumerate(inputs)])
+        arrays = [as_numpy(x, f"input {i}") for i, x in enumerate(inputs)]
+        for i, (v, x) in enumerate(zip(self.graph.inputs, arrays)):   # one check for every target
+            check_codes(x, v.type, f"input {i} (%{v.name})")
+        return self.runner().run(arrays)
 
     # -- inspecting ---------------------------------------------------------------
     @property
