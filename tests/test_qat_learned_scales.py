@@ -53,8 +53,9 @@ def test_learned_scales_move_and_compile_writes_them_bit_exactly_on_every_target
     fqs = learned_fake_quants(qat)
     weights = [fq for fq in fqs if fq.is_weight]
     assert len(weights) == 3 and len(fqs) > len(weights)  # activations learn too with "all"
-    for fq in fqs:  # every scale trained away from its min/max initialisation
+    for fq in fqs:  # every scale trained away from its min/max initialisation; zero points stay integers
         assert not torch.equal(fq.learned_scale(), start[id(fq)])
+        assert not fq.zero_point.dtype.is_floating_point and (not fq.is_weight or not fq.zero_point.any())
     learned = sorted(float(fq.learned_scale()) for fq in weights)
     activations = {float(fq.learned_scale()) for fq in fqs if not fq.is_weight}
     t = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(5))
