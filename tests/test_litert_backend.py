@@ -334,3 +334,27 @@ def test_without_a_thread_count_litert_uses_every_core_it_may(monkeypatch):
                               backend_options={"kernels": "xnnpack", "threads": threads})
         prog.run(_inputs(1)[0])
     assert seen == [3, 1]
+
+
+@pytest.mark.parametrize("kernels", ["reference", "xnnpack"])
+def test_each_run_reads_its_own_input_whatever_its_layout(programs, kernels):
+    """The runner writes each input into the interpreter's own buffer: a strided view, a read-only array (the
+    host plan hands partitions read-only views) and a plain one, each run right after a run on another input,
+    give the reference's codes for their own values (none of them reads the buffer the run before left)."""
+    from qlower.backends.litert.backend import LiteRtBackend
+
+    prog = programs[kernels]
+    run = LiteRtBackend(kernels).execute
+    payload = prog.partitions[0].payload
+    xs = _inputs(4)
+    wants = [run_graph(prog.source, [x])[0] for x in xs]
+    for before, x, want in zip(xs[1:] + xs[:1], xs, wants):
+        wide = np.zeros((1, 3, 24, 24), np.float32)
+        wide[:, :, ::2, 1::2] = x
+        frozen = x.copy()
+        frozen.flags.writeable = False
+        for y in (wide[:, :, ::2, 1::2], frozen, x):
+            run(payload, [before])
+            np.testing.assert_array_equal(run(payload, [y])[0], want)
+            prog.run(before)
+            np.testing.assert_array_equal(prog.run(y)[0], want)

@@ -244,7 +244,9 @@ def _run(payload: Payload, inputs: Sequence[np.ndarray], traced: tuple[str, ...]
             if tuple(d["shape"]) != x.shape or np.dtype(d["dtype"]) != x.dtype:
                 raise ExecutionError(f"the model's input {d['name']} is {d['dtype'].__name__}{list(d['shape'])}, "
                                      f"the payload declares {x.dtype}{list(x.shape)}")
-            it.it.set_tensor(d["index"], x)
+            # one copy into the interpreter's own buffer: set_tensor copies a read-only array (the host plan
+            # hands partitions read-only views) once more first; the view is dropped before invoke
+            it.it.tensor(d["index"])()[...] = x
         try:
             it.it.invoke()
         except RuntimeError as e:
