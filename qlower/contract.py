@@ -292,18 +292,18 @@ def check_payload_inputs(payload: Payload, inputs: Sequence[np.ndarray], what: s
             if not (t.dtype.is_float and x.dtype.kind == "f"):
                 raise InputError(f"input {i} of {what} has dtype {x.dtype}, expected {t.dtype.numpy}")
             x = x.astype(t.dtype.numpy)
-        check_codes(x, t, f"input {i} of {what}")
         out.append(np.ascontiguousarray(x))
     return out
 
 
 def check_codes(x: np.ndarray, t: TensorType, what: str) -> None:
-    """An InputError unless the integer array ``x``, given for a value of type ``t``, holds only codes in
-    ``t``'s [qmin, qmax]: the range the program was compiled and verified for (a matmul's int32 bound,
-    a table's domain), outside which a target may wrap where the reference refuses. The message names
-    ``what``, the first offending code, its index and the range. Float arrays (the program quantizes
-    them itself) and arrays whose dtype has no code outside the range pass without a look: otherwise
-    one min and one max over the array."""
+    """An InputError unless the integer array ``x``, given to ``Program.run`` for a graph input of type
+    ``t``, holds only codes in ``t``'s [qmin, qmax]: the range the program was compiled and verified
+    for (a matmul's int32 bound, a table's domain), outside which a target may wrap where the
+    reference refuses. The message names ``what``, the first offending code, its index and the range.
+    Float arrays (the program quantizes them itself) and arrays whose dtype has no code outside the
+    range pass without a look: otherwise one min and one max over the array. (A payload called
+    directly keeps its own meaning of such codes, e.g. a table's nearest entry.)"""
     q = t.quant
     if q is None or x.dtype.kind not in "iu" or not x.size:
         return
@@ -314,6 +314,9 @@ def check_codes(x: np.ndarray, t: TensorType, what: str) -> None:
         return
     flat = int(np.argmin(x)) if low < q.qmin else int(np.argmax(x))
     index = tuple(int(j) for j in np.unravel_index(flat, x.shape))
-    raise InputError(f"{what} holds {x.flat[flat]} at index {index}, outside [{q.qmin}, {q.qmax}], the codes of "
-                     f"its type {t} that the program was verified for; clamp the input to that range (or pass "
-                     f"floats where the program quantizes them)")
+    bounds = f"[{q.qmin}, {q.qmax}]"
+    if (q.qmin, q.qmax) == (t.dtype.min, t.dtype.max):
+        bounds = f"{t.dtype.value} {bounds}"
+    raise InputError(f"{what} holds {x.flat[flat]} at index {index}, outside {bounds}, the codes of its type {t} "
+                     f"that the program was verified for; clamp the input to that range (or pass floats where "
+                     f"the program quantizes them)")
