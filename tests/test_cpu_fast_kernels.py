@@ -76,29 +76,26 @@ def test_fast_depthwise_matches_reference(calls, case):
         assert calls.get("dwconv_fast"), "the fast depthwise kernel did not run"
 
 
-@pytest.mark.parametrize("m, k, n", [(5, 7, 17), (9, 16, 64), (6, 24, 120), (13, 40, 96), (1, 1000, 33)])
-def test_fast_requantized_gemm_matches_reference(calls, m, k, n):
-    """Row, K and channel tails, 64-channel rows stored whole (n = 64, 96) or masked (n = 120)."""
-    rng = np.random.default_rng(m * 1000 + n)
-    graph = _pow2_conv((1, 1, m, k), n, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), x_zp=int(rng.integers(-128, 128)),
-                       out_zp=int(rng.choice([-128, 127, 0])), clamp=(-120, 100), rng=rng)
-    x = rng.choice(np.array([-128, 127, 0, 1, -1], np.int8), (1, 1, m, k))
-    assert_cpu_matches_reference(graph, [x], configs=({},), trace=False)
-    if calls is not None and native.load().has_qgemm:
-        assert calls.get("qgemm"), "the fused GEMM did not run"
+GEMM_CASES = [  # (m, k, n, kernel): VNNI below 16 rows, AMX from 16 (where the machine has it)
+    # VNNI: row, K and channel tails, 64-channel rows stored whole (n = 64, 96) or masked (n = 120)
+    (5, 7, 17, "qgemm"), (9, 16, 64, "qgemm"), (6, 24, 120, "qgemm"), (13, 40, 96, "qgemm"), (1, 1000, 33, "qgemm"),
+    # AMX: row tails (M % 16), K steps of 64 with and without a tail, 64-column blocks whole, masked and partial
+    (16, 64, 64, "qgemm_amx"), (37, 96, 120, "qgemm_amx"), (50, 200, 24, "qgemm_amx"), (17, 448, 70, "qgemm_amx"),
+    (16, 4, 16, "qgemm_amx"),
+]
 
 
-@pytest.mark.parametrize("m, k, n", [(16, 64, 64), (37, 96, 120), (50, 200, 24), (17, 448, 70), (16, 4, 16)])
-def test_amx_gemm_matches_reference(calls, m, k, n):
-    """Row tails (M % 16), K steps of 64 with and without a tail, 64-column blocks whole, masked and partial."""
-    rng = np.random.default_rng(m * 7 + k)
+@pytest.mark.parametrize("m, k, n, kernel", GEMM_CASES)
+def test_fused_gemm_matches_reference(calls, m, k, n, kernel):
+    rng = np.random.default_rng(m * 1000 + k * 7 + n)
     graph = _pow2_conv((1, 1, m, k), n, 1, 1, (1, 1), (1, 1), (0, 0, 0, 0), x_zp=int(rng.choice([-128, 127, 3])),
-                       out_zp=int(rng.choice([-128, 127, 0])), clamp=(-128, 127), rng=rng)
+                       out_zp=int(rng.choice([-128, 127, 0])), clamp=(-120, 100), rng=rng)
     for x in (rng.choice(np.array([-128, 127, 0, 1, -1], np.int8), (1, 1, m, k)),
               rng.integers(-128, 128, (1, 1, m, k)).astype(np.int8)):
         assert_cpu_matches_reference(graph, [x], configs=({},), trace=False)
-    if calls is not None and native.load().has_amx:
-        assert calls.get("qgemm_amx"), "the AMX GEMM did not run"
+    kernels = native.load()
+    if calls is not None and (kernels.has_amx if kernel == "qgemm_amx" else kernels.has_qgemm):
+        assert calls.get(kernel), f"{kernel} did not run"
 
 
 @pytest.mark.parametrize("c, k, stride, x_zp", [(3, 3, 2, -128), (3, 7, 2, 127), (5, 3, 1, 0)])
