@@ -579,14 +579,26 @@ void qlw_nchw_to_nhwc_i8(const int8_t *restrict x, int64_t N, int64_t C, int64_t
 }
 
 /* A binary int8 function given by its table: y[i] = t[(a[i] + 128) * 256 + (b[i] + 128)].
- * The table (65536 codes, built from the reference's ops by fusion.py) holds the whole chain. */
+ * The table (65536 codes, built from the reference's ops by fusion.py) holds the whole chain; it is followed
+ * by 3 more bytes (lut.py), so that AVX-512 builds can gather 16 entries at a time as dwords at byte offsets
+ * (the low byte of each is the entry). */
 void qlw_lut2_i8(const int8_t *restrict a, const int8_t *restrict b, int64_t n, const int8_t *restrict t,
                  int8_t *restrict y) {
     const int64_t block = 16384, nblocks = (n + block - 1) / block;
     _Pragma("omp parallel for schedule(static) if(n >= PAR_MIN)")
     for (int64_t blk = 0; blk < nblocks; blk++) {
         const int64_t i0 = blk * block, i1 = i0 + block < n ? i0 + block : n;
-        for (int64_t i = i0; i < i1; i++)
+        int64_t i = i0;
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+        const __m512i bias = _mm512_set1_epi32(128);
+        for (; i + 16 <= i1; i += 16) {
+            const __m512i ia = _mm512_add_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + i))), bias);
+            const __m512i ib = _mm512_add_epi32(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + i))), bias);
+            const __m512i v = _mm512_i32gather_epi32(_mm512_or_si512(_mm512_slli_epi32(ia, 8), ib), (const void *)t, 1);
+            _mm_storeu_si128((__m128i *)(y + i), _mm512_cvtepi32_epi8(v));
+        }
+#endif
+        for (; i < i1; i++)
             y[i] = t[(((int64_t)a[i] + 128) << 8) | ((int64_t)b[i] + 128)];
     }
 }

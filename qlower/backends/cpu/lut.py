@@ -100,7 +100,8 @@ def binary_table(op: Op, facts, ctx: BuildContext) -> tuple[tuple[Op, ...], tupl
 
 
 def lut2_kernel(table: np.ndarray, ctx: BuildContext) -> Kernel:
-    t = torch.from_numpy(np.ascontiguousarray(table))
+    # 3 bytes past the last entry: the native kernel gathers each entry as the low byte of a dword
+    t = torch.from_numpy(np.concatenate([np.ascontiguousarray(table).reshape(-1), np.zeros(3, table.dtype)]))
     native = ctx.native
     if native is None:
         t64 = t.to(torch.int64)

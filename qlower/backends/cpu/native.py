@@ -179,7 +179,8 @@ class NativeKernels:
         self._qgemm_amx(_ptr(x), x.shape[0], x.shape[1], n, _ptr(w), _ptr(chan), _ptr(scalars), _ptr(out))
 
     def lut2(self, a: torch.Tensor, b: torch.Tensor, table: torch.Tensor, out: torch.Tensor) -> None:
-        """``out[i] = table[(a[i] + 128) * 256 + b[i] + 128]``: int8 ``a``, ``b``, ``out`` of one size, int8 table."""
+        """``out[i] = table[(a[i] + 128) * 256 + b[i] + 128]``: int8 ``a``, ``b``, ``out`` of one size, int8 table
+        of 65536 entries and 3 more bytes (read, never used: the kernel gathers dwords)."""
         self._lut2(_ptr(a), _ptr(b), a.numel(), _ptr(table), _ptr(out))
 
 
