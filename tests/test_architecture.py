@@ -16,7 +16,7 @@ PACKAGE = Path(qlower.__file__).parent
 
 # DESIGN.md's pipeline as drawn, first stage first (the IR is the data every stage passes on)
 DESIGN_ORDER = ("frontend", "ir", "passes", "partition", "backends", "program", "runtime", "verification")
-LEAVES = {"errors", "_quiet", "progress", "registry", "late", "safe_paths"}   # import nothing of qlower but each other
+LEAVES = {"errors", "_quiet", "progress", "registry", "late", "safe_paths", "native_build"}   # import nothing of qlower but each other
 
 # a module may import its own layer and earlier ones only
 LAYERS: list[set[str]] = [

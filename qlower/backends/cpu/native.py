@@ -14,20 +14,18 @@ failed build falls back to the torch kernels with a warning.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import platform
-import shutil
 import subprocess
-import tempfile
 import threading
 import warnings
 from pathlib import Path
 
 import torch
 
+import qlower.native_build as native_build
+
 SOURCE = Path(__file__).with_name("_native.c")
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c99")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-std=c99")
 FLAG_INT32 = 1
 FLAG_SCALE = 2
 
@@ -37,44 +35,6 @@ _lock = threading.Lock()
 _loaded: NativeKernels | None = None
 _tried = False
 _failure = ""  # why the last build attempt gave no library
-
-
-def _cpu_fingerprint() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("QLOWER_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "qlower")
-    return Path(base) / "cpu-native"
-
-
-def _build(compiler: str) -> Path:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler, version, " ".join(FLAGS),
-                                    _cpu_fingerprint()]).encode()).hexdigest()[:24]
-    target = _cache_dir() / f"libqlower_cpu_{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        proc = subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
-        if proc.returncode != 0:
-            raise RuntimeError(proc.stderr.strip()[-2000:])
-        os.replace(tmp, target)  # atomic: concurrent builders never see a partial file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
 
 
 def _ptr(t: torch.Tensor) -> int:
@@ -193,12 +153,12 @@ def load() -> NativeKernels | None:
     with _lock:
         if not _tried:
             _tried = True
-            compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+            compiler = native_build.compiler()
             if compiler is None:
                 _failure = "no C compiler found ($CC, cc or gcc)"
             else:
                 try:
-                    _loaded = NativeKernels(_build(compiler))
+                    _loaded = NativeKernels(native_build.build_library(SOURCE, FLAGS, "cpu-native", compiler))
                 except (OSError, RuntimeError, subprocess.SubprocessError) as e:
                     _failure = f"building {SOURCE.name} with {compiler} failed: {e}"
             if _loaded is None:
