@@ -54,7 +54,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
+
+# libgomp's threads spin while they wait unless told otherwise, and must be told before torch loads it:
+# on a shared machine a spinning pool made 2-thread cpu runs 2-5x slower (as tests/conftest.py does)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from models_ir import build_mobilenet_v2, build_resnet18, macs  # noqa: E402

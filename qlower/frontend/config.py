@@ -60,8 +60,8 @@ class QuantConfig:
     (``qlower.sensitivity``) and adds the K most sensitive to ``layer_dtypes`` as int16.
 
     Range setting (static activations; frontend/observers.py): ``observer="minmax"`` (the
-    calibration data's extremes), ``"histogram"`` (torchao's HistogramObserver, the peers'
-    default), ``"percentile"`` (clip at the ``percentile``-th percentile of each tail) or
+    calibration data's extremes), ``"histogram"`` (torchao's HistogramObserver's L2 range search, the
+    peers' default, run on qlower's exact running histogram), ``"percentile"`` (clip at the ``percentile``-th percentile of each tail) or
     ``"mse"`` (the clip that minimises the quantization error of the calibration data).
     ``weight_observer="mse"`` clips weights (per channel or per tensor) where their own
     quantization error is least; ``"minmax"`` keeps their extremes.
