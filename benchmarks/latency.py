@@ -54,11 +54,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-# libgomp's threads spin while they wait unless told otherwise, and must be told before torch loads it:
-# on a shared machine a spinning pool made 2-thread cpu runs 2-5x slower (as tests/conftest.py does)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-import torch  # noqa: E402
+import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from models_ir import build_mobilenet_v2, build_resnet18, macs  # noqa: E402
@@ -376,6 +372,7 @@ def main() -> None:
         "models": rows, "zoo_models": litert,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
                     "amx_permitted": amx_permitted(), "deny_amx": args.deny_amx,
+                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(libgomp's default)"),
                     "native_kernels": native.load() is not None, "int8_gemm": int_mm_exact(),
                     "load_average_1min_before": round(load_before, 2),
                     "load_average_1min_after": round(os.getloadavg()[0], 2)},
@@ -422,7 +419,8 @@ def _print_table(r: dict) -> None:
     mc = r["machine"]
     print(f"IR rows: threads {r['threads']}; median of {r['runs']} runs after {r['warmup']} warm-up; "
           f"load average {mc['load_average_1min_before']} -> {mc['load_average_1min_after']} on {mc['cpus']} CPUs; "
-          f"AMX permitted: {mc['amx_permitted']}{' (denied by --deny-amx)' if mc['deny_amx'] else ''}")
+          f"AMX permitted: {mc['amx_permitted']}{' (denied by --deny-amx)' if mc['deny_amx'] else ''}; "
+          f"OMP_WAIT_POLICY: {mc.get('omp_wait_policy', '?')}")
 
 
 if __name__ == "__main__":
