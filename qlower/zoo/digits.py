@@ -104,10 +104,11 @@ def distort(x: torch.Tensor, seed: int = HARD_SEED, *, rotate: float = 2.0, scal
     return out.clamp(-1.5, 1.5).contiguous()
 
 
-def hard_split(x_test: torch.Tensor, y_test: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """digits-hard: ``HARD_COPIES`` distorted copies of each held-out image (``distort``), and their labels."""
-    xs = [distort(x_test, HARD_SEED + k) for k in range(HARD_COPIES)]
-    return torch.cat(xs), y_test.repeat(HARD_COPIES)
+def hard_split(x_test: torch.Tensor, y_test: torch.Tensor, copies: int = HARD_COPIES) -> tuple[torch.Tensor, torch.Tensor]:
+    """digits-hard: ``copies`` distorted copies of each held-out image (``distort``, copy k drawn from
+    ``HARD_SEED + k``, so the first ``HARD_COPIES`` are the standard split), and their labels."""
+    xs = [distort(x_test, HARD_SEED + k) for k in range(copies)]
+    return torch.cat(xs), y_test.repeat(copies)
 
 
 def cache_path() -> Path:
