@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
 
+from qlower.errors import InputError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType
 from qlower.reference import run_graph
 
@@ -172,5 +173,10 @@ def test_a_table_reads_the_nearest_entry_for_codes_outside_the_declared_range():
     np.testing.assert_array_equal(got, [127, 127, 0, -5, -127])
     from qlower.api import lower_graph
 
-    for target in ("cpu", "tosa-1.0+int"):  # both backends agree with the reference out of range too
-        np.testing.assert_array_equal(lower_graph(g, target).run(np.array([-128, -127, 0, 5, 127], np.int8))[0], got)
+    codes = np.array([-128, -127, 0, 5, 127], np.int8)
+    for target in ("cpu", "tosa-1.0+int"):
+        prog = lower_graph(g, target)
+        with pytest.raises(InputError, match=r"holds -128 at index \(0,\), outside \[-127, 127\]"):
+            prog.run(codes)  # a user's out-of-range code is refused on every target ...
+        # ... and below that check both backends agree with the reference out of range too
+        np.testing.assert_array_equal(prog.runner().run([codes])[0], got)
