@@ -25,6 +25,9 @@ SCRIPT = textwrap.dedent(f"""
     sys.path.append({str(BACKENDS)!r})
     from frames import private_pipes, serve
 
+    # a test suite started as a background job inherits SIGINT ignored, and so would this worker
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     def handle(frame):
         if frame[0] == b"sleep":
             time.sleep(float(frame[1]))
