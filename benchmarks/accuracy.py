@@ -147,11 +147,13 @@ def measure(name: str, limit: int | None, qat: bool, results: dict, save, words:
         t0, cpu0 = time.perf_counter(), time.process_time()
         try:
             source = (qat_model(name, model, example, quant, calibration) if label.endswith("QAT") else model)
+            # a QAT model is compiled as given (pt2e_input), never re-captured: --quantize-only is for PTQ rows
+            quick = quantize_only and source is model
             fake_quant = quantized_model(source, example, None if source is not model else quant,
-                                         None if source is not model else calibration, quantize_only)
+                                         None if source is not model else calibration, quick)
             seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             row = _row(label, quantization_quality(model, fake_quant, data, limit=limit, reference=reference),
-                       seconds, cpu=cpu, quantize_only=quantize_only)
+                       seconds, cpu=cpu, quantize_only=quick)
         except Exception as e:  # noqa: BLE001  (a benchmark row reports its failure and the table goes on)
             row = _row(label, None, time.perf_counter() - t0, f"{type(e).__name__}: {str(e)[:300]}")
         entry["rows"] = [r for r in entry["rows"] if r["method"] != label] + [row]
