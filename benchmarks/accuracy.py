@@ -110,6 +110,8 @@ def quantized_model(source, example, quant: QuantConfig | None, calibration, qua
     from the frontend's capture alone."""
     if quantize_only:
         return capture(source, example, quant, calibration, progress=False).graph_module
+    if quant is None:  # a QAT model: compiled with the scales it learned (quant=None would mean float)
+        return qlower.compile(source, example, target="reference", progress=False).frontend.fake_quant
     return qlower.compile(source, example, target="reference", quant=quant, calibration=calibration,
                           progress=False).frontend.fake_quant
 
