@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from qlower.contract import check_codes
 from qlower.ir import Graph, print_graph
 from qlower.ir.rewrite import AppliedRewrite
 from qlower.late import late
@@ -62,8 +63,6 @@ class Program:
         """Run on NumPy arrays or torch tensors (PyTorch layout, like the model); returns NumPy arrays.
         Integer inputs must hold codes in their type's [qmin, qmax] (an InputError naming the input,
         the code and its index otherwise, on every target)."""
-        from qlower.contract import check_codes
-
         as_numpy = late("as_numpy")
         arrays = [as_numpy(x, f"input {i}") for i, x in enumerate(inputs)]
         for i, (v, x) in enumerate(zip(self.graph.inputs, arrays)):   # one check for every target
