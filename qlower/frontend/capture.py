@@ -31,6 +31,7 @@ from qlower.frontend.constant_fold import fold_constant_subgraphs
 from qlower.frontend.decompose import decompose_unruled
 from qlower.frontend.finite import non_finite_nodes
 from qlower.frontend.masks import finite_fills
+from qlower.frontend.pt2e_input import quantized_form
 from qlower.frontend.quantize_fold import fold_constant_quantize
 from qlower.frontend.rules import has_rule
 from qlower.frontend.source import describe_node
@@ -166,6 +167,11 @@ def capture(model: nn.Module, example_inputs: Sequence[torch.Tensor], quant: Qua
     weights observed at every calibration batch (quantizer.py's once-observers) and folded by
     convert_pt2e's constant folder (quantize_fold.py).
     """
+    if quant is not None and quantized_form(model) is not None:
+        raise ConfigError(f"this {type(model).__name__} is quantized already (a QAT or PT2E model, form "
+                          f"'{quantized_form(model)}'): quantizing it again would treat its fake-quants or q/dq nodes "
+                          "as float layers. qlower.compile takes its quantization as given; to quantize it or "
+                          "measure its sensitivity, pass the float model")
     model = model.eval()
     if quant is None:
         gm = export_module(model, example_inputs)
