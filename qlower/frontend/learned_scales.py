@@ -14,7 +14,9 @@ against resolving the rest:
 - the zero point stays the integer the observer chose at initialisation (0 for symmetric weights): only
   the step is learned;
 - initialised from its observer (min/max) over ``prepare_qat``'s calibration batches, then never observes
-  again; ``freeze_ranges`` stops the learning (``requires_grad`` off).
+  again; ``freeze_ranges`` stops the learning (``requires_grad`` off);
+- whether it learns yet is the Python boolean ``learned`` (forward branches on it, so torch.export can
+  capture the module: fake_quant.py), mirrored in the ``learning`` buffer so a state dict carries it.
 
 ``calculate_qparams`` returns ``exp(log_scale)`` as float32, which is what torchao's ``convert_pt2e`` writes
 into the q/dq nodes ``qlower.compile`` imports: the program's scale is the learned one, bit for bit.
@@ -26,7 +28,8 @@ import math
 
 import torch
 from torch import nn
-from torchao.quantization.pt2e.fake_quantize import FakeQuantize
+
+from qlower.frontend.fake_quant import ExportableFakeQuantize
 
 
 class _RoundSte(torch.autograd.Function):
@@ -41,7 +44,7 @@ class _RoundSte(torch.autograd.Function):
         return grad
 
 
-class LearnedScaleFakeQuantize(FakeQuantize):
+class LearnedScaleFakeQuantize(ExportableFakeQuantize):
     """A fake-quant whose scale is the parameter ``log_scale`` (see the module docstring). The ``scale``
     and ``zero_point`` buffers of ``FakeQuantize`` hold the current values after every forward."""
 
@@ -51,6 +54,7 @@ class LearnedScaleFakeQuantize(FakeQuantize):
         self.is_weight = weight  # LSQ's n: a weight's elements per scale, an activation's per sample
         self.log_scale = nn.Parameter(torch.zeros(1))
         self.register_buffer("learning", torch.tensor([0], dtype=torch.uint8))
+        self.learned = False
 
     def start_learning(self) -> None:
         """The observed scale becomes the parameter's initial value; observation stops for good."""
@@ -60,23 +64,35 @@ class LearnedScaleFakeQuantize(FakeQuantize):
         self.scale.resize_(self.log_scale.shape).copy_(self.learned_scale())
         self.zero_point.resize_(zero_point.shape).copy_(zero_point)
         self.learning[0] = 1
+        self.learned = True
+
+    def sync_switches(self) -> None:
+        super().sync_switches()
+        if hasattr(self, "learning"):  # (the base constructor syncs before this buffer exists)
+            self.learned = bool(self.learning[0])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # noqa: ANN001
+        log_scale = state_dict.get(prefix + "log_scale")
+        if isinstance(log_scale, torch.Tensor) and log_scale.shape != self.log_scale.shape:
+            self.log_scale = nn.Parameter(torch.empty_like(log_scale))  # per-channel: one per channel
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def learned_scale(self) -> torch.Tensor:
         return torch.exp(self.log_scale.detach())
 
     @torch.jit.export
     def calculate_qparams(self):
-        if not self.learning[0]:
+        if not self.learned:
             return self.activation_post_process.calculate_qparams()
         return self.learned_scale(), self.zero_point.clone()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.learning[0]:
+        if not self.learned:
             return super().forward(x)  # initialisation: observe and fake-quantize at the observed scale
         scale = torch.exp(self.log_scale)
         with torch.no_grad():
             self.scale.copy_(scale)
-        if not self.fake_quant_enabled[0]:
+        if not self.fake_quantizing:
             return x
         qmin, qmax = self.activation_post_process.quant_min, self.activation_post_process.quant_max
         shape = [1] * x.dim()
@@ -96,7 +112,7 @@ class LearnedScaleFakeQuantize(FakeQuantize):
         self.log_scale.requires_grad_(False)
 
     def extra_repr(self) -> str:
-        return f"learned={bool(self.learning[0])}, " + super().extra_repr()
+        return f"learned={self.learned}, " + super().extra_repr()
 
 
 def learned_fake_quants(model: nn.Module) -> list[LearnedScaleFakeQuantize]:

@@ -39,12 +39,13 @@ from torchao.quantization.pt2e import (
     MovingAverageMinMaxObserver,
     MovingAveragePerChannelMinMaxObserver,
 )
-from torchao.quantization.pt2e.fake_quantize import FakeQuantize, FixedQParamsFakeQuantize
+from torchao.quantization.pt2e.fake_quantize import FakeQuantize
 from torchao.quantization.pt2e.quantizer import QuantizationSpec, SharedQuantizationSpec
 
 from qlower.errors import ConfigError, QlowerError
 from qlower.frontend.config import QuantConfig
 from qlower.frontend.constants import attribute_tensor
+from qlower.frontend.fake_quant import ExportableFakeQuantize, ExportableFixedQParamsFakeQuantize
 from qlower.frontend.learned_scales import LearnedScaleFakeQuantize, learned_fake_quants
 from qlower.frontend.quantizer import ACTIVATIONS, QlowerQuantizer, _annotate, _one_domain, packet
 from qlower.frontend.source import describe_node
@@ -67,7 +68,7 @@ def _fake_quant(spec: QuantizationSpec, weight: bool, learn: bool) -> Quantizati
     if learn:
         return replace(spec, observer_or_fake_quant_ctr=LearnedScaleFakeQuantize.with_args(
             observer=observer, weight=weight, **kwargs))
-    return replace(spec, observer_or_fake_quant_ctr=FakeQuantize.with_args(observer=observer, **kwargs))
+    return replace(spec, observer_or_fake_quant_ctr=ExportableFakeQuantize.with_args(observer=observer, **kwargs))
 
 
 LEARN_SCALES = {"none": (False, False), "weights": (True, False), "all": (True, True)}  # (weights, activations)
@@ -121,11 +122,11 @@ class QatQuantizer(QlowerQuantizer):
     def prepare_obs_or_fq_callback(self, model: GraphModule, edge_or_node_to_obs_or_fq: dict) -> None:
         """Pinned values (QuantConfig.fixed) keep their scale while training: a fixed-qparams fake-quant."""
         super().prepare_obs_or_fq_callback(model, edge_or_node_to_obs_or_fq)
-        swapped: dict[int, FixedQParamsFakeQuantize] = {}
+        swapped: dict[int, ExportableFixedQParamsFakeQuantize] = {}
         for key, obs in list(edge_or_node_to_obs_or_fq.items()):
             if type(obs) is FixedQParamsObserver:
                 if id(obs) not in swapped:
-                    swapped[id(obs)] = FixedQParamsFakeQuantize(observer=FixedQParamsObserver.with_args(
+                    swapped[id(obs)] = ExportableFixedQParamsFakeQuantize(observer=FixedQParamsObserver.with_args(
                         scale=float(obs.scale), zero_point=int(obs.zero_point), dtype=obs.dtype,
                         qscheme=obs.qscheme, quant_min=obs.quant_min, quant_max=obs.quant_max))
                 edge_or_node_to_obs_or_fq[key] = swapped[id(obs)]
