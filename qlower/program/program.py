@@ -65,9 +65,15 @@ class Program:
         the code and its index otherwise, on every target)."""
         as_numpy = late("as_numpy")
         arrays = [as_numpy(x, f"input {i}") for i, x in enumerate(inputs)]
-        for i, (v, x) in enumerate(zip(self.graph.inputs, arrays)):   # one check for every target
-            check_codes(x, v.type, f"input {i} (%{v.name})")
+        self.check_codes(arrays)
         return self.runner().run(arrays)
+
+    def check_codes(self, arrays: list[np.ndarray]) -> None:
+        """An InputError unless every integer array of ``arrays`` holds codes in its graph input's
+        [qmin, qmax], the range the program was verified for (``qlower.contract.check_codes``): the one
+        check ``run`` and verification apply to the user's inputs, on every target."""
+        for i, (v, x) in enumerate(zip(self.graph.inputs, arrays)):
+            check_codes(x, v.type, f"input {i} (%{v.name})")
 
     # -- inspecting ---------------------------------------------------------------
     @property

@@ -141,8 +141,9 @@ def run_stages(program: Program, inputs: Sequence[Any]) -> VerificationReport:
     front = program.frontend
     if front is None:
         raise ValueError("verify needs a program compiled in this process (it compares with the PyTorch model)")
-    torch_inputs = tuple(torch.as_tensor(as_numpy(x)) for x in inputs)
-    np_inputs = [as_numpy(x) for x in inputs]
+    np_inputs = [as_numpy(x, f"input {i}") for i, x in enumerate(inputs)]
+    program.check_codes(np_inputs)   # as Program.run: the stages below call the runner and interpreters directly
+    torch_inputs = tuple(torch.as_tensor(x) for x in np_inputs)
     fp32_out = front.float_model(*torch_inputs)
     fp32_outs = [as_numpy(o) for o in (fp32_out if isinstance(fp32_out, (tuple, list)) else (fp32_out,))]
     fq_values, fq_node_codes = capture_torch_values(front.fake_quant, torch_inputs)
