@@ -343,13 +343,16 @@ def test_inconsistent_types_are_refused():
 
     def wrong_input_quant(h):  # every op after it would be consistent: the chain breaks at conv2d's bias
         h["host"]["inputs"][0]["type"]["quant"]["scale"] = [0.5]
+        h["source"] = None   # the host graph as the program's source (else its input differs from the source's)
     _expect(_edit(CONV, wrong_input_quant), "(conv2d): the op registry rejects it: conv2d: bias quantization")
 
 
 
 def _input_only(h, quant):
-    """The host graph reduced to its input, returned as is, with the input's quant replaced."""
+    """The host graph reduced to its input, returned as is, with the input's quant replaced (and the
+    program's source: else its input would differ from the source graph's, see test_program_file_inputs.py)."""
     h["host"]["inputs"][0]["type"]["quant"] = quant
+    h["source"] = None
     h["host"]["ops"] = []
     h["host"]["outputs"] = [0]
 

@@ -54,7 +54,7 @@ import safetensors.numpy
 
 from qlower.contract import Backend, Payload
 from qlower.errors import InvalidProgramError, SaveError
-from qlower.ir import Graph, verify_graph
+from qlower.ir import Graph, TensorType, Value, verify_graph
 from qlower.ir.rewrite import AppliedRewrite
 from qlower.partition import HostDecision, Partition
 from qlower.program.irjson import TensorReader, TensorWriter, dec_type, decode_graph, enc_type, encode_graph
@@ -451,6 +451,44 @@ def _check_delegates(host: Graph, partitions: list[Partition]) -> None:
             raise fail(where, f"its boundary types differ from partition '{part.name}''s payload types")
 
 
+def _check_source_inputs(inputs: tuple[Value, ...], source: Graph) -> None:
+    """The host graph's inputs are the source graph's (the partitioner copies them): ``Program.run``
+    checks integer codes against the host graph's types, so they may not be wider than the source
+    graph, the program's form that was compiled and verified."""
+    if len(inputs) != len(source.inputs):
+        raise fail("host graph", f"takes {len(inputs)} input(s), its source graph {len(source.inputs)}")
+    for i, (v, s) in enumerate(zip(inputs, source.inputs)):
+        if v.type != s.type:
+            raise fail(f"host graph input #{i} %{v.name[:40]}", f"is declared {_with_range(v.type)}, but the source "
+                                                               f"graph (the program as compiled and verified) reads "
+                                                               f"{_with_range(s.type)}")
+
+
+def _check_partition_inputs(host: Graph, partitions: list[Partition]) -> None:
+    """A graph input that a delegate reads as it is has the type its partition's subgraph was lowered
+    and verified for (the partitioner converts explicitly where they differ): a backend whose payload
+    declares no range of its own (a .tflite's tensors hold scale and zero point only) would otherwise
+    run codes outside that range under a widened declaration."""
+    index = {v: i for i, v in enumerate(host.inputs)}
+    by_name = {p.name: p for p in partitions}
+    for op in host.ops:
+        if op.kind != "delegate":
+            continue
+        part = by_name[op.attrs["partition"]]
+        for j, (v, s) in enumerate(zip(op.input_values(), part.subgraph.inputs)):
+            if v in index and v.type != s.type:
+                raise fail(f"host graph input #{index[v]} %{v.name[:40]}",
+                           f"is declared {_with_range(v.type)}, but partition '{part.name}' reads it as its input "
+                           f"#{j}, lowered and verified for {_with_range(s.type)}")
+
+
+def _with_range(t: TensorType) -> str:
+    """``t`` with its codes' range spelled out (a type prints it only when narrower than its dtype)."""
+    q = t.quant
+    return f"{t} (codes [{q.qmin}, {q.qmax}])" if q is not None and (q.qmin, q.qmax) == (t.dtype.min, t.dtype.max) \
+        else str(t)
+
+
 def _dec_decision(x: Any, source: Graph, where: str) -> HostDecision:
     d = as_obj(x, where, ("op", "result", "reason"))
     i = as_int(d["op"], f"{where} op", 0, len(source.ops) - 1)
@@ -483,14 +521,17 @@ def _decode_program(header: Any, arrays: dict[str, np.ndarray]) -> Program:
         raise fail("program header", f"format is {str(h['format'])[:40]!r}, not {_FORMAT_NAME!r}")
     _check_tensor_index(h["tensors"], arrays)
     tensors = TensorReader(arrays)
-    host = decode_graph(h["host"], tensors, "host graph")
-    source = host if h["source"] is None else decode_graph(h["source"], tensors, "source graph")
+    source = None if h["source"] is None else decode_graph(h["source"], tensors, "source graph")
+    host = decode_graph(h["host"], tensors, "host graph",
+                        None if source is None else lambda inputs: _check_source_inputs(inputs, source))
+    source = host if source is None else source
     check_tensor_sizes(source, "source graph")
     check_program([("host graph", host)])
     names = {v.name for v in source.values()}
     partitions = [_dec_partition(p, tensors, names, f"partition #{i}")
                   for i, p in enumerate(as_list(h["partitions"], "partitions"))]
     _check_delegates(host, partitions)
+    _check_partition_inputs(host, partitions)
     check_program([("host graph", host), *((f"partition '{p.name}'", p.subgraph) for p in partitions)])
     decisions = [_dec_decision(d, source, f"host decision #{i}")
                  for i, d in enumerate(as_list(h["decisions"], "host decisions"))]

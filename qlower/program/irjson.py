@@ -349,11 +349,15 @@ def _dec_op(x: Any, values: list[Value], tensors: TensorReader, where: str) -> O
     return op
 
 
-def decode_graph(x: Any, tensors: TensorReader, where: str) -> Graph:
-    """Rebuild a graph, re-inferring every op's types and verifying it (see the module docstring)."""
+def decode_graph(x: Any, tensors: TensorReader, where: str,
+                 check_inputs: Callable[[tuple[Value, ...]], None] | None = None) -> Graph:
+    """Rebuild a graph, re-inferring every op's types and verifying it (see the module docstring);
+    ``check_inputs`` sees its inputs before any op is read."""
     d = as_obj(x, where, ("name", "inputs", "ops", "outputs"))
     values: list[Value] = [_dec_value(v, f"{where} input #{i}") for i, v in enumerate(as_list(d["inputs"], where))]
     inputs = tuple(values)
+    if check_inputs is not None:
+        check_inputs(inputs)
     ops = []
     for i, rec in enumerate(as_list(d["ops"], f"{where} ops")):
         op = _dec_op(rec, values, tensors, f"{where} op #{i}")
