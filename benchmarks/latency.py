@@ -29,13 +29,15 @@ took on the machine during it (from /proc/stat less this process and the server)
 outputs are compared: ExecuTorch's and every qlower row's against the float model's (relative L2 error) and
 ExecuTorch's against qlower's xnnpack program. ``--runtimes`` picks the rows (e.g. ``"executorch xnnpack"
 "qlower litert xnnpack"``). Each qlower output is compared once with the reference interpreter on the
-program's source: max difference in output steps and share of exact elements. ``--deny-amx`` (a diagnosis)
-refuses AMX to this process before anything starts XNNPACK: LiteRT's XNNPACK then runs the AVX-512 VNNI GEMM
-kernels ExecuTorch's build runs (it has no AMX kernels); the JSON records whether AMX was permitted.
+program's source: max difference in output steps and share of exact elements. Each model's zoo rows run in a process of their own:
+XNNPACK picks its AMX or AVX-512 VNNI GEMM kernels once per process, from the first program's cost model
+(qlower/backends/litert/xnnpack_isa.py), as a deployment running that model does; ``--xnnpack-amx 0|1``
+forces the choice (0: the VNNI kernels ExecuTorch's build runs, it has no AMX kernels), and the table and
+JSON say which kernels ran.
 
     python benchmarks/latency.py [--runs 50] [--warmup 10] [--threads 2] [--no-check] [--no-ir]
                                  [--no-litert] [--zoo-threads 1 2] [--no-executorch] [--runtimes NAME ...]
-                                 [--cores 0 1] [--deny-amx]
+                                 [--cores 0 1] [--xnnpack-amx auto|1|0]
 
 Prints a table and writes benchmarks/results/latency.json (per-run times, medians,
 load average, machine).
@@ -313,7 +315,7 @@ def amx_permitted() -> bool | None:
 
 
 def deny_amx() -> bool:
-    """A diagnosis for ``--deny-amx``: make this process's later requests for AMX fail (Linux refuses AMX to a
+    """A diagnosis (benchmarks/xnnpack_isa.py): make this process's later requests for AMX fail (Linux refuses AMX to a
     process with a thread whose signal stack is too small for AMX state, so one is installed on this thread),
     so XNNPACK, which asks for AMX when it starts, runs its AVX-512 VNNI kernels as ExecuTorch's build does.
     False when AMX was already granted (then it stays)."""
@@ -329,6 +331,34 @@ def deny_amx() -> bool:
     if libc.sigaltstack(ctypes.byref(stack), None) != 0:
         return False
     return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0
+
+
+def bench_litert_isolated(name: str, *args, xnnpack_amx: str = "auto") -> dict:
+    """``bench_litert`` in a process of its own: XNNPACK picks AMX or VNNI kernels once per process, from the
+    first program it runs (qlower/backends/litert/xnnpack_isa.py), so each model gets its own choice, as a
+    deployment running one model does. ``xnnpack_amx``: "auto" (the program's cost model), "1" or "0"."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    env = os.environ.copy()
+    if xnnpack_amx == "auto":
+        os.environ.pop("QLOWER_XNNPACK_AMX", None)
+    else:
+        os.environ["QLOWER_XNNPACK_AMX"] = xnnpack_amx
+    try:   # the child reads the variable when it starts XNNPACK
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return pool.submit(_bench_litert_recording_isa, name, *args).result()
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+
+
+def _bench_litert_recording_isa(name: str, *args) -> dict:
+    from qlower.backends.litert import xnnpack_isa
+
+    result = bench_litert(name, *args)
+    result["xnnpack_isa"] = xnnpack_isa.state()
+    return result
 
 
 def main() -> None:
@@ -353,25 +383,24 @@ def main() -> None:
                         help="the cores every zoo-row runtime is pinned to (default: the first N this process may use, "
                              "N the thread count)")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "latency.json")
-    parser.add_argument("--deny-amx", action="store_true",
-                        help="diagnosis: refuse AMX to this process, so LiteRT's XNNPACK runs its AVX-512 VNNI "
-                             "kernels (ExecuTorch's build has no AMX kernels)")
+    parser.add_argument("--xnnpack-amx", choices=("auto", "1", "0"), default="auto",
+                        help="XNNPACK's kernels in each model's process: auto (the program's cost model, qlower's "
+                             "default), 1 (AMX tiles where the CPU has them) or 0 (AVX-512 VNNI, as ExecuTorch's "
+                             "build, which has no AMX kernels); sets QLOWER_XNNPACK_AMX")
     args = parser.parse_args()
-    if args.deny_amx and not deny_amx():
-        parser.error("--deny-amx: AMX could not be refused (already granted, or not Linux x86-64)")
 
     load_before = os.getloadavg()[0]
     rows = [bench(m, args.runs, args.warmup, args.threads, args.check) for m in args.models] if args.ir else []
     et_venv = args.executorch_venv if args.executorch else None
-    litert = ([bench_litert(m, args.runs, args.warmup, args.zoo_threads, et_venv, tuple(args.runtimes),
-                        args.cores)
+    litert = ([bench_litert_isolated(m, args.runs, args.warmup, args.zoo_threads, et_venv, tuple(args.runtimes),
+                                     args.cores, xnnpack_amx=args.xnnpack_amx)
                for m in args.models]
               if args.litert else [])
     result = {
         "benchmark": "latency", "threads": args.threads, "runs": args.runs, "warmup": args.warmup,
         "models": rows, "zoo_models": litert,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-                    "amx_permitted": amx_permitted(), "deny_amx": args.deny_amx,
+                    "amx_permitted": amx_permitted(), "xnnpack_amx": args.xnnpack_amx,
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(libgomp's default)"),
                     "native_kernels": native.load() is not None, "int8_gemm": int_mm_exact(),
                     "load_average_1min_before": round(load_before, 2),
@@ -401,6 +430,9 @@ def _print_table(r: dict) -> None:
         for m in r["zoo_models"]:
             if m["executorch_note"]:
                 print(f"{m['model']}: ExecuTorch XNNPACK column {m['executorch_note']}")
+            isa = m.get("xnnpack_isa") or {}
+            if isa.get("started"):
+                print(f"{m['model']}: XNNPACK {'with' if isa['amx_tiles'] else 'without'} AMX tiles ({isa['why']})")
             for threads, rows in m["threads"].items():
                 for k, row in rows.items():
                     if k == "load":
@@ -419,7 +451,7 @@ def _print_table(r: dict) -> None:
     mc = r["machine"]
     print(f"IR rows: threads {r['threads']}; median of {r['runs']} runs after {r['warmup']} warm-up; "
           f"load average {mc['load_average_1min_before']} -> {mc['load_average_1min_after']} on {mc['cpus']} CPUs; "
-          f"AMX permitted: {mc['amx_permitted']}{' (denied by --deny-amx)' if mc['deny_amx'] else ''}; "
+          f"AMX permitted: {mc['amx_permitted']}; --xnnpack-amx {mc.get('xnnpack_amx', 'auto')}; "
           f"OMP_WAIT_POLICY: {mc.get('omp_wait_policy', '?')}")
 
 

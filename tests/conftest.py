@@ -29,6 +29,9 @@ import pytest
 from hypothesis import settings
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (below, and by the tests)
+# XNNPACK's kernels (AMX or VNNI) are one choice per process, made by the first program it runs: fixed here so a
+# test's kernels don't depend on which test ran first; test_litert_xnnpack_isa.py runs each family in a child
+os.environ.setdefault("QLOWER_XNNPACK_AMX", "1")
 
 # the random-graph generators of the fuzzers (hypothesis strategies: test-only, not shipped)
 sys.path.insert(0, str(Path(__file__).parent / "fuzzing"))

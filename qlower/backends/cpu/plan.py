@@ -110,6 +110,9 @@ class CpuPlan:
                 steps.append(trace_steps[-1])
         self._fused_steps = steps
         self._steps = self._with_frees(steps)
+        # torch's thread count is process-wide and setting it reshapes OpenMP's pool (hundreds of µs): a
+        # plan whose every step hands its values to another runtime (a program that is one partition) keeps it
+        self._host_compute = any(op.kind != "delegate" for s in steps for op in s.ops)
         self._trace_steps = trace_steps
         self._value_of = {i: v for v, i in self._slot.items()}
 
@@ -142,7 +145,7 @@ class CpuPlan:
 
     @contextlib.contextmanager
     def _threads(self) -> Iterator[None]:
-        with torch_threads(self.threads), torch.inference_mode():
+        with torch_threads(self.threads if self._host_compute else None), torch.inference_mode():
             yield
 
     def _start(self, inputs: Sequence[np.ndarray]) -> list[torch.Tensor | None]:

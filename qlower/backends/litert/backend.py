@@ -29,7 +29,7 @@ from typing import Literal
 
 import numpy as np
 
-from qlower.backends.litert import rounding
+from qlower.backends.litert import rounding, xnnpack_isa
 from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, unsupported_reason
 from qlower.backends.litert.fused_add import TfliteAdd, add_groups
 from qlower.backends.litert.verify import builtin_counts, loaded_payload_problem, model_description, verify_tflite
@@ -126,7 +126,8 @@ class LiteRtBackend(Backend):
             meta={"kernels": self.kernels, "threads": self.threads, "exactness": _EXACTNESS[self.kernels],
                   "forms": "native" if native else "exact",
                   "tflite_ops": builtin_counts(model), "tflite_bytes": len(model),
-                  "exact_kernels": rounding.exact_kernels(subgraph)},
+                  "exact_kernels": rounding.exact_kernels(subgraph),
+                  **({"xnnpack_amx": xnnpack_isa.prefers_amx(subgraph)} if self.kernels == "xnnpack" else {})},
         )
 
     def check_meta(self, payload: Payload) -> str | None:
@@ -137,6 +138,8 @@ class LiteRtBackend(Backend):
                 check_threads(payload.meta.get("threads"), "litert payload meta threads")
             except ConfigError as e:
                 problem = str(e)
+        if problem is None and not isinstance(payload.meta.get("xnnpack_amx", True), bool):
+            problem = f"litert payload meta xnnpack_amx must be true or false, got {payload.meta['xnnpack_amx']!r}"
         return problem
 
     def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
@@ -223,7 +226,11 @@ def _interpreter(payload: Payload, keep_all: bool) -> _Interpreter:
             _interpreters.move_to_end(key)
             return found
     verify_tflite(model)   # never hand LiteRT bytes its own parser would have to survive
-    made = _Interpreter(model, kernels, payload.meta.get("threads"), keep_all)
+
+    def build() -> _Interpreter:
+        return _Interpreter(model, kernels, payload.meta.get("threads"), keep_all)
+    # XNNPACK picks AMX or VNNI kernels once per process, when it starts: the program's cost model decides
+    made = xnnpack_isa.start(build, payload.meta.get("xnnpack_amx", True)) if kernels == "xnnpack" else build()
     with _interpreters_lock:
         _lru_put(_interpreters, key, made)
     return made
@@ -232,21 +239,23 @@ def _interpreter(payload: Payload, keep_all: bool) -> _Interpreter:
 def _run(payload: Payload, inputs: Sequence[np.ndarray], traced: tuple[str, ...]
          ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     arrays = check_payload_inputs(payload, inputs, "the LiteRT partition")
-    for i, x in enumerate(arrays):
-        if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
-            raise InputError(f"input {i} of the LiteRT partition holds NaN or infinity")
     it = _interpreter(payload, keep_all=bool(traced))
     if len(it.inputs) != len(arrays) or len(it.outputs) != len(payload.output_types):
         raise ExecutionError(f"the partition's model has {len(it.inputs)} inputs and {len(it.outputs)} outputs, "
                              f"its payload declares {len(arrays)} and {len(payload.output_types)}")
     with it.lock:
-        for d, x in zip(it.inputs, arrays):
+        for i, (d, x) in enumerate(zip(it.inputs, arrays)):
             if tuple(d["shape"]) != x.shape or np.dtype(d["dtype"]) != x.dtype:
                 raise ExecutionError(f"the model's input {d['name']} is {d['dtype'].__name__}{list(d['shape'])}, "
                                      f"the payload declares {x.dtype}{list(x.shape)}")
-            # one copy into the interpreter's own buffer: set_tensor copies a read-only array (the host plan
-            # hands partitions read-only views) once more first; the view is dropped before invoke
-            it.it.tensor(d["index"])()[...] = x
+            # one copy into the interpreter's own buffer (set_tensor copies a read-only array once more first),
+            # checked there, where the copy left it in cache: NaN and infinity carry into min and max
+            buffer = it.it.tensor(d["index"])()
+            buffer[...] = x
+            finite = x.dtype.kind != "f" or not x.size or bool(np.isfinite(buffer.min()) & np.isfinite(buffer.max()))
+            del buffer   # no view of LiteRT's buffers outlives this step
+            if not finite:
+                raise InputError(f"input {i} of the LiteRT partition holds NaN or infinity")
         try:
             it.it.invoke()
         except RuntimeError as e:
