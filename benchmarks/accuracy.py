@@ -7,7 +7,8 @@ occlusion, where fp32 is off the ceiling): fp32 top-1, then per quantization met
 fp32, output SQNR (dB) and the compile time (``qlower.compile`` to the reference target, calibration
 included). Methods: int8 per-channel and per-tensor weights x each activation observer (minmax, histogram,
 percentile, mse), mse weights, + equalization and bias correction, + SmoothQuant (ViT), A16W8, QAT
-(``qlower.prepare_qat`` from the trained weights, benchmarks/qat.py's fine-tuning recipe); and the lossy settings where
+(``qlower.prepare_qat`` from the trained weights, benchmarks/qat.py's fine-tuning recipe and its steps per case:
+``qat.case_recipe``); and the lossy settings where
 quantization visibly costs accuracy on these small models: 4-bit weights (``weight_qmin=-7, weight_qmax=7``,
 still int8 codes, so every target runs them exactly) per tensor and per channel, with min/max, + equalization
 and bias correction, and QAT.
@@ -45,7 +46,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-from qat import Recipe, finetune  # benchmarks/qat.py
+from qat import CONFIGS, W4, Recipe, case_recipe, finetune  # benchmarks/qat.py
 
 import qlower
 from qlower import QuantConfig, zoo
@@ -55,7 +56,6 @@ from qlower.zoo import digits, trained
 
 HERE = Path(__file__).resolve().parent
 OBSERVERS = ["minmax", "histogram", "percentile", "mse"]
-W4 = {"weight_qmin": -7, "weight_qmax": 7}  # 4-bit weights in int8 codes
 CALIBRATION_SEED = 28_000  # the calibration images' distortion (the held-out split's are HARD_SEED + k)
 
 
@@ -78,25 +78,29 @@ def methods(name: str) -> list[tuple[str, QuantConfig]]:
     return rows
 
 
-QAT_METHODS = [("per-tensor QAT", QuantConfig(per_channel=False)),
-               ("W4 per-tensor QAT", QuantConfig(per_channel=False, **W4))]
+QAT_METHODS = {"per-tensor QAT": "per_tensor", "W4 per-tensor QAT": "w4_per_tensor"}  # row -> qat.py's config
+
+
+def qat_methods(name: str) -> list[tuple[str, QuantConfig, Recipe]]:
+    """The QAT rows: qat.py's config and its recipe for ``name`` (the case's steps, e.g. 300 for MobileNetV2 W4)."""
+    return [(label, CONFIGS[config], case_recipe(name, config)) for label, config in QAT_METHODS.items()]
 
 
 def _row(label: str, quality, seconds: float, error: str = "", cpu: float | None = None,
-         quantize_only: bool = False) -> dict:
+         quantize_only: bool = False, recipe: Recipe | None = None) -> dict:
     """One table row; ``compile_s`` / ``compile_cpu_s`` time ``timed``: the whole compile to the reference target
-    or (``--quantize-only``) the frontend's quantization alone."""
+    or (``--quantize-only``) the frontend's quantization alone; a QAT row's include its fine-tuning (``recipe``)."""
     return {"method": label, **({} if quality is None else asdict(quality)), "compile_s": round(seconds, 2),
             **({} if cpu is None else {"compile_cpu_s": round(cpu, 2)}),
-            "timed": "quantize" if quantize_only else "compile", **({"error": error} if error else {})}
+            "timed": "quantize" if quantize_only else "compile", **({"error": error} if error else {}),
+            **({} if recipe is None else {"recipe": asdict(recipe)})}
 
 
-def qat_model(name: str, model, example, quant: QuantConfig, calibration, recipe: Recipe | None = None):
+def qat_model(name: str, model, quant: QuantConfig, calibration, recipe: Recipe):
     """``model`` fine-tuned by benchmarks/qat.py's ``finetune`` (one QAT recipe for both benchmarks:
     ``qlower.prepare_qat`` with ranges initialised on ``calibration``, learned weight scales, batch norms
-    frozen early, training digits under the digits-hard distortion); in eval mode. ``example`` is the
-    zoo's, which ``finetune`` uses."""
-    return finetune(name, quant, recipe or Recipe(), show=False, model=model, calibration=calibration)[0]
+    frozen early, training digits under the digits-hard distortion, the case's steps); in eval mode."""
+    return finetune(name, quant, recipe, show=False, model=model, calibration=calibration)[0]
 
 
 def hard_calibration(calibration: list[tuple]) -> list[tuple]:
@@ -139,29 +143,30 @@ def measure(name: str, limit: int | None, qat: bool, results: dict, save, words:
     entry.update(images=count, weights=weights, calibration=how, fp32=fp32, size=list(example[0].shape[1:]))
     done = {r["method"]: r for r in entry["rows"]
             if "error" not in r and not any(w in r["method"] for w in redo or [])}
-    todo = methods(name) + (QAT_METHODS if qat else [])
-    for label, quant in todo:
+    todo = [(label, quant, None) for label, quant in methods(name)] + (qat_methods(name) if qat else [])
+    for label, quant, recipe in todo:
         if words and label not in words:
             continue
-        if label in done:
-            print(f"  {name}: {_line(done[label])}  (kept)", flush=True)
+        kept = done.get(label)  # (a QAT row measured with another recipe is measured again)
+        if kept is not None and (recipe is None or kept.get("recipe") == asdict(recipe)):
+            print(f"  {name}: {_line(kept)}  (kept)", flush=True)
             continue
         t0, cpu0 = time.perf_counter(), time.process_time()
         try:
-            source = (qat_model(name, model, example, quant, calibration) if label.endswith("QAT") else model)
+            source = qat_model(name, model, quant, calibration, recipe) if recipe is not None else model
             # a QAT model is compiled as given (pt2e_input), never re-captured: --quantize-only is for PTQ rows
             quick = quantize_only and source is model
             fake_quant = quantized_model(source, example, None if source is not model else quant,
                                          None if source is not model else calibration, quick)
             seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             row = _row(label, quantization_quality(model, fake_quant, data, limit=limit, reference=reference),
-                       seconds, cpu=cpu, quantize_only=quick)
+                       seconds, cpu=cpu, quantize_only=quick, recipe=recipe)
         except Exception as e:  # noqa: BLE001  (a benchmark row reports its failure and the table goes on)
-            row = _row(label, None, time.perf_counter() - t0, f"{type(e).__name__}: {str(e)[:300]}")
+            row = _row(label, None, time.perf_counter() - t0, f"{type(e).__name__}: {str(e)[:300]}", recipe=recipe)
         entry["rows"] = [r for r in entry["rows"] if r["method"] != label] + [row]
         save()
         print(f"  {name}: {_line(row)}", flush=True)
-    order = {label: i for i, (label, _) in enumerate(methods(name) + QAT_METHODS)}
+    order = {label: i for i, label in enumerate([label for label, _ in methods(name)] + list(QAT_METHODS))}
     entry["rows"].sort(key=lambda r: order.get(r["method"], len(order)))
     save()
     return entry
@@ -172,7 +177,8 @@ def _line(row: dict) -> str:
         return f"{row['method']:34s} failed: {row['error'][:100]}"
     cpu = f"{row['compile_cpu_s']:7.1f}" if "compile_cpu_s" in row else f"{'':7s}"
     return (f"{row['method']:34s} {100 * row['quantized']:6.2f}% {100 * row['agreement']:6.2f}% "
-            f"{row['sqnr_db']:7.2f} {row['compile_s']:7.1f} {cpu} {row.get('timed', '')}")
+            f"{row['sqnr_db']:7.2f} {row['compile_s']:7.1f} {cpu} {row.get('timed', '')}"
+            + (f" (fine-tuning included, {row['recipe']['steps']} steps)" if "recipe" in row else ""))
 
 
 def table(results: list[dict]) -> str:

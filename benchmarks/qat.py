@@ -21,8 +21,13 @@ load 7 on 2 cores.
 Resumable: each row is written to the JSON file as it finishes; a new run keeps the rows the file holds for
 the same model, config and recipe (``--redo`` measures them again).
 
-    .venv/bin/python benchmarks/qat.py                      # the default cases (steps: the case's)
+    .venv/bin/python benchmarks/qat.py                      # the default cases (steps: the case's, STEPS)
     .venv/bin/python benchmarks/qat.py --models mobilenet_v2 --configs w4_per_tensor --steps 200
+    .venv/bin/python benchmarks/qat.py --models digits_cnn --ablation   # + fixed scales and the float control
+
+``--ablation`` separates LSQ's gain from the data's: per case, QAT with learned weight scales (the
+default), QAT with fixed observer scales (``learn_scales="none"``: the weights' min/max at each step, the
+activations' moving average, same data and schedule) and fp32 fine-tuned by the same recipe.
 """
 
 from __future__ import annotations
@@ -57,8 +62,9 @@ CONFIGS = {
     "w4_per_channel": qlower.QuantConfig(**W4),
     "a4": qlower.QuantConfig(act_qmin=-8, act_qmax=7),
 }
-DEFAULT = [("mobilenet_v2", "w4_per_tensor", 300), ("mobilenet_v2", "int8_per_channel", 150),
-           ("mobilenet_v3_small", "w4_per_tensor", 150)]  # (model, config, steps)
+DEFAULT = [("mobilenet_v2", "w4_per_tensor"), ("mobilenet_v2", "int8_per_channel"),
+           ("mobilenet_v3_small", "w4_per_tensor")]  # (model, config)
+STEPS = {("mobilenet_v2", "w4_per_tensor"): 300}  # the cases that need more than Recipe.steps to clear fp32
 OUT = Path(__file__).parent / "results" / "qat.json"
 
 
@@ -77,6 +83,12 @@ class Recipe:
     learn_scales: str = "weights"  # prepare_qat's: which scales are trained (LSQ)
     scale_lr: float = 1e-2  # Adam's learning rate for the log-scales (a relative change per step)
     distort: bool = True  # fine-tune on training digits under digits-hard's distortion (own seeds)
+
+
+def case_recipe(name: str, config: str, **changes) -> Recipe:
+    """The recipe of case (``name``, ``config``): ``Recipe`` with the case's steps (``STEPS``), then ``changes``;
+    benchmarks/accuracy.py's QAT rows use it too."""
+    return replace(Recipe(steps=STEPS.get((name, config), Recipe.steps)), **changes)
 
 
 def hard_calibration(calibration: list[tuple]) -> list[tuple]:
@@ -207,8 +219,8 @@ def run_float_control(name: str, recipe: Recipe, show: bool) -> dict:
 
 def _line(row: dict) -> str:
     if row["config"] == "fp32_finetuned":
-        return (f"{row['model']:19s} {'fp32 fine-tuned':16s} {100 * row['fp32_top1']:6.2f}%  fine-tuned in float: "
-                f"{100 * row['finetuned_top1']:6.2f}% (agreement {100 * row['finetuned_agreement']:6.2f}%)  "
+        return (f"{row['model']:19s} {'fp32 fine-tuned':16s} {'':7s} {100 * row['fp32_top1']:6.2f}%  fine-tuned in "
+                f"float: {100 * row['finetuned_top1']:6.2f}% (agreement {100 * row['finetuned_agreement']:6.2f}%)  "
                 f"{row['recipe']['steps']:5d} {row['train_seconds']:6.0f}")
 
     def cell(prefix: str) -> str:
@@ -216,57 +228,88 @@ def _line(row: dict) -> str:
             return f"{'-':>22s}"
         return (f"{100 * row[f'{prefix}_top1']:6.2f}% {100 * row[f'{prefix}_agreement']:6.2f}% "
                 f"{row[f'{prefix}_sqnr_db']:5.1f}dB")
-    return (f"{row['model']:19s} {row['config']:16s} {100 * row['fp32_top1']:6.2f}%  {cell('ptq')}  "
-            f"{cell('qat')}  {row['recipe']['steps']:5d} {row['qat_seconds']:6.0f}")
+    return (f"{row['model']:19s} {row['config']:16s} {row['recipe']['learn_scales']:7s} {100 * row['fp32_top1']:6.2f}%  "
+            f"{cell('ptq')}  {cell('qat')}  {row['recipe']['steps']:5d} {row['qat_seconds']:6.0f}")
+
+
+def _key(row: dict) -> tuple:
+    """What identifies a row: model, config and recipe."""
+    return row["model"], row["config"], json.dumps(row["recipe"], sort_keys=True)
+
+
+def ablation(rows: list[dict], name: str, config: str, recipe: Recipe) -> str | None:
+    """What the distorted data and LSQ each add, for the case when its rows are measured: fp32, fp32
+    fine-tuned by ``recipe`` (the data's gain), QAT with fixed observer scales (``learn_scales="none"``)
+    and with learned weight scales (``"weights"``, LSQ's gain over ``"none"``), top-1 %."""
+    def find(config_: str, learn_scales: str) -> dict | None:
+        want = _key({"model": name, "config": config_, "recipe": asdict(replace(recipe, learn_scales=learn_scales))})
+        return next((r for r in rows if _key(r) == want), None)
+
+    control, none, lsq = (find("fp32_finetuned", Recipe.learn_scales), find(config, "none"),
+                          find(config, "weights"))
+    if not (control and none and lsq):
+        return None
+    fp32, tuned, ptq = (100 * control["fp32_top1"], 100 * control["finetuned_top1"], 100 * lsq["ptq_top1"])
+    fixed, learned = 100 * none["qat_top1"], 100 * lsq["qat_top1"]
+    return (f"{name:19s} {config:16s} {recipe.steps:5d}  fp32 {fp32:6.2f}  fp32 fine-tuned {tuned:6.2f} "
+            f"({tuned - fp32:+.2f})  PTQ {ptq:6.2f}  QAT fixed scales {fixed:6.2f} ({fixed - fp32:+.2f})  "
+            f"QAT LSQ {learned:6.2f} (LSQ {learned - fixed:+.2f}; {none['qat_sqnr_db']:.1f} -> "
+            f"{lsq['qat_sqnr_db']:.1f} dB)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="*", help="trained zoo models (default: the default cases)")
     parser.add_argument("--configs", nargs="*", default=None, choices=sorted(CONFIGS))
-    parser.add_argument("--steps", type=int, default=None, help=f"default: the case's, else {Recipe.steps}")
+    parser.add_argument("--steps", type=int, default=None, help=f"default: the case's (STEPS), else {Recipe.steps}")
     parser.add_argument("--batch", type=int, default=Recipe.batch)
     parser.add_argument("--lr", type=float, default=Recipe.lr)
     parser.add_argument("--bn-freeze", type=int, default=Recipe.bn_freeze)
     parser.add_argument("--range-freeze", type=float, default=Recipe.range_freeze)
-    parser.add_argument("--learn-scales", default=Recipe.learn_scales, choices=["none", "weights", "all"])
+    parser.add_argument("--learn-scales", nargs="+", default=[Recipe.learn_scales], choices=["none", "weights", "all"],
+                        help="one QAT row per value")
     parser.add_argument("--scale-lr", type=float, default=Recipe.scale_lr)
     parser.add_argument("--clean", action="store_true", help="fine-tune on the clean training digits")
     parser.add_argument("--float-control", action="store_true",
                         help="per model, fine-tune in float by the same recipe instead (what the data alone gives)")
+    parser.add_argument("--ablation", action="store_true",
+                        help="per case: QAT with learned ('weights') and fixed ('none') scales and the float control")
     parser.add_argument("--redo", action="store_true", help="measure the rows the JSON file holds again")
     parser.add_argument("--no-progress", action="store_true")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
     torch.set_num_threads(2)
-    recipe = Recipe(batch=args.batch, lr=args.lr, bn_freeze=args.bn_freeze,
-                    range_freeze=args.range_freeze, learn_scales=args.learn_scales, scale_lr=args.scale_lr,
-                    distort=not args.clean)
-    cases = DEFAULT if not args.models else [(m, c, Recipe.steps) for m in args.models
-                                             for c in (args.configs or ["w4_per_tensor"])]
-    if args.float_control:
-        cases = list({(m, "fp32_finetuned", steps): None for m, _, steps in cases})
+    changes = {"batch": args.batch, "lr": args.lr, "bn_freeze": args.bn_freeze, "range_freeze": args.range_freeze,
+               "scale_lr": args.scale_lr, "distort": not args.clean, **({"steps": args.steps} if args.steps else {})}
+    cases = DEFAULT if not args.models else [(m, c) for m in args.models for c in (args.configs or ["w4_per_tensor"])]
+    learn_scales = ["weights", "none"] if args.ablation else args.learn_scales
+    runs = [] if args.float_control else [(name, config, case_recipe(name, config, learn_scales=ls, **changes))
+                                          for name, config in cases for ls in learn_scales]
+    if args.float_control or args.ablation:  # one per model and recipe (the float recipe's learn_scales: the default)
+        runs += list({(name, "fp32_finetuned", case_recipe(name, config, **changes)): None
+                      for name, config in cases})
     out = Path(args.out)
     saved = json.loads(out.read_text()) if out.exists() else {}
     rows = saved.get("rows", [])
 
-    def key(r: dict) -> tuple:
-        return r["model"], r["config"], json.dumps(r["recipe"], sort_keys=True)
-
-    print(f"{'':37s} {'fp32':>7s}  {'PTQ: top-1  agree  SQNR':>22s}  {'QAT':>22s}  steps  QAT s")
-    for name, config, steps in cases:
-        recipe = replace(recipe, steps=args.steps or steps)
+    print(f"{'':37s} {'scales':7s} {'fp32':>7s}  {'PTQ: top-1  agree  SQNR':>22s}  {'QAT':>22s}  steps  QAT s")
+    for name, config, recipe in runs:
         row = {"model": name, "config": config, "recipe": asdict(recipe)}
-        done = [r for r in rows if key(r) == key(row)]
+        done = [r for r in rows if _key(r) == _key(row)]
         if done and not args.redo:
             print(_line(done[0]) + "  (kept)", flush=True)
             continue
         row = (run_float_control(name, recipe, not args.no_progress) if config == "fp32_finetuned"
                else run_case(name, config, recipe, not args.no_progress))
-        rows = [r for r in rows if key(r) != key(row)] + [row]
+        rows = [r for r in rows if _key(r) != _key(row)] + [row]
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"torch_threads": torch.get_num_threads(), "rows": rows}, indent=2) + "\n")
         print(_line(row), flush=True)
+    lines = [line for name, config in cases
+             if (line := ablation(rows, name, config, case_recipe(name, config, **changes))) is not None]
+    if lines:
+        print("\nWhat the data and LSQ each add (top-1 %, one seed; differences against fp32, LSQ's against fixed "
+              "scales):\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":
