@@ -9,13 +9,17 @@ steps and the share of output elements that are exact. Every family must show 0 
 ``xnnpack`` programs carry XNNPACK's float32 requantization and its ADD (qlower/backends/litert/rounding.py,
 xnnpack_add.py) and its payloads XNNPACK's own QUANTIZE and DEQUANTIZE (export.py).
 
-    python benchmarks/litert_exactness.py [--size 32] [--inputs 4] [--models tiny_cnn ...]
+XNNPACK runs its AMX or its AVX-512 VNNI GEMM kernels, one choice per process (the first program's cost
+model, qlower/backends/litert/xnnpack_isa.py); ``--xnnpack-amx 1|0`` forces it, and the output says which ran.
+
+    python benchmarks/litert_exactness.py [--size 32] [--inputs 4] [--models tiny_cnn ...] [--xnnpack-amx 1|0]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 import warnings
@@ -72,7 +76,12 @@ def main() -> None:
     ap.add_argument("--inputs", type=int, default=4, help="random inputs besides the example")
     ap.add_argument("--models", nargs="*", default=[n for n in zoo.names() if n not in DYNAMIC])
     ap.add_argument("--json", default="benchmarks/results/litert_exactness.json")
+    ap.add_argument("--xnnpack-amx", choices=("1", "0"), default=None,
+                    help="XNNPACK's kernels for this process: 1 AMX tiles (where the CPU has them), 0 AVX-512 VNNI "
+                         "(default: the first xnnpack program's cost model)")
     args = ap.parse_args()
+    if args.xnnpack_amx is not None:
+        os.environ["QLOWER_XNNPACK_AMX"] = args.xnnpack_amx   # read when XNNPACK starts, below
     warnings.simplefilter("ignore")
     rows = []
     t0 = time.perf_counter()
@@ -89,9 +98,13 @@ def main() -> None:
         n_exact = sum(r["max_steps"] == 0 for r in mine)
         print(f"{kernels:10s} {n_exact:>6d}/{len(mine):<6d} {max(r['max_steps'] for r in mine):12.3f} "
               f"{100 * min(r['exact_share'] for r in mine):17.3f}%")
+    from qlower.backends.litert import xnnpack_isa
+    isa = xnnpack_isa.state()
+    print(f"XNNPACK ran {'AMX tiles' if isa['amx_tiles'] else 'AVX-512 VNNI kernels'} ({isa['why']})")
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": platform.machine(), "size": args.size, "inputs": args.inputs,
+                               "xnnpack_isa": isa,
                                "seconds": round(time.perf_counter() - t0, 1), "rows": rows}, indent=2))
     print(f"wrote {out}")
 
