@@ -16,9 +16,12 @@ from torchao.quantization.pt2e import HistogramObserver
 from qlower.frontend import histogram
 from qlower.frontend.observers import (
     ACT_GRID,
+    COARSE,
+    SUBBINS,
     HistogramL2Observer,
     MSEObserver,
     PercentileObserver,
+    _mse_search,
     _PointSums,
     _squared_errors,
 )
@@ -165,6 +168,100 @@ def test_c_squared_errors_equal_the_torch_sums():
     zero = torch.clamp(-128 - torch.round(a / scale), -128, 127)
     native = _PointSums(points, weights).errors(scale, zero, -128, 127)
     torch.testing.assert_close(native, _squared_errors(points, weights, scale, zero, -128, 127), rtol=1e-10, atol=0)
+
+
+def _sequential_errors(prefix, first: float, step: float, scale: np.ndarray, zero: np.ndarray, qmin: int, qmax: int):
+    """The prefix-sum errors (``_squared_errors``' rule) in numpy, code after code in order: what the C sums, to
+    the last bit (numpy rounds each operation once, as C does without fused multiply-adds)."""
+    p0, p1, p2 = (p.numpy() for p in prefix)
+    npoints, err, prev = len(p0) - 1, np.zeros(len(scale)), np.zeros(len(scale), dtype=np.int64)
+    for q in range(qmin, qmax + 1):
+        k = np.ceil(((((q + 1.0) - zero) - 0.5) * scale - first) / step)
+        nxt = np.clip(k, 0, npoints).astype(np.int64) if q < qmax else np.full(len(scale), npoints)
+        r = (q - zero) * scale
+        err += (p2[nxt] - p2[prev]) - 2 * r * (p1[nxt] - p1[prev]) + r * r * (p0[nxt] - p0[prev])
+        prev = nxt
+    return err
+
+
+@pytest.mark.parametrize("step", [2.0**-7, 0.1])
+def test_c_squared_errors_are_the_sums_in_order_bit_for_bit(step):
+    """The C kernel sums candidates side by side, and multiplies by 1 / step where step is a power of two: each
+    candidate's error is still every code's term added in order, exactly. Scales that are multiples of a
+    quarter step put code boundaries on points, where dividing by 0.1 and multiplying by 1 / 0.1 disagree."""
+    g = torch.Generator().manual_seed(8)
+    points = -2.0 + step * torch.arange(3001, dtype=torch.float64)
+    weights = torch.randint(0, 1000, (3001,), generator=g).double() * (torch.rand(3001, generator=g) < 0.4)
+    prefix = _PointSums(points, weights).prefix
+    top = float(points[-1])
+    for qmin, qmax in ((-128, 127), (0, 255), (-8, 7)):
+        a = torch.tensor([-2.0, -1.0, 0.0, -0.5, -2.0, -1e-3, -2.0, -1.7, -0.25, 0.0, -2.0, -1.1, -0.9]).double()
+        b = top * torch.tensor([1.0, 0.5, 0.25, 0.05, 1e-9, 0.9, 0.7, 0.33, 0.61, 1.0, 0.2, 0.8, 0.45]).double()
+        scale = (b - a) / (qmax - qmin)
+        zero = torch.clamp(qmin - torch.round(a / scale), qmin, qmax)
+        aligned = step / 4 * torch.arange(1, 60, dtype=torch.float64)  # 72 candidates: a partial block of 8
+        scale = torch.cat([scale, aligned])
+        zero = torch.cat([zero, torch.randint(qmin, qmax + 1, (len(aligned),), generator=g).double()])
+        got = histogram.squared_errors_native(prefix, float(points[0]), step, scale, zero, qmin, qmax)
+        want = _sequential_errors(prefix, float(points[0]), step, scale.numpy(), zero.numpy(), qmin, qmax)
+        assert np.array_equal(got.numpy(), want), (qmin, qmax, got.numpy() - want)
+
+
+def _adversarial_states(seed: int):
+    """Seeded histogram states (counts on the grid ``(e, origin)`` and the extremes): random counts, a few spikes
+    among empty bins, everything in one bin, one bin holding all but a few values, two equal bins at the ends,
+    no count at all (every clip ties), over ranges that are negative, positive (after a ReLU), both, or far from
+    0 (points with 28 significant bits, whose squares round: the largest origin a float32 range gets)."""
+    g = torch.Generator().manual_seed(seed)
+    for kind in ("random", "spikes", "one_bin", "almost_one_bin", "two_ends", "empty"):
+        for origin_of in (lambda n: -n // 3, lambda n: 0, lambda n: -n + 1, lambda n: 23_000_002 - n % 2):
+            e = int(torch.randint(-20, 6, (1,), generator=g))
+            n = int(torch.randint(300, histogram.BINS + 1, (1,), generator=g))
+            counts = torch.zeros(n, dtype=torch.float64)
+            spot = int(torch.randint(0, n, (1,), generator=g))
+            if kind == "random":
+                counts = torch.randint(0, 1000, (n,), generator=g).double() ** 2
+            elif kind == "spikes":
+                where = torch.randint(0, n, (7,), generator=g)
+                counts[where] = torch.randint(1, 10**6, (7,), generator=g).double()
+            elif kind == "one_bin":
+                counts[spot] = 4096.0
+            elif kind == "almost_one_bin":
+                counts[spot] = 1e9
+                counts[torch.randint(0, n, (3,), generator=g)] += 1.0
+            elif kind == "two_ends":
+                counts[0] = counts[-1] = 5.0
+            origin, width = origin_of(n), 2.0**e
+            lo, hi = origin * width, (origin + n - 1) * width  # the first and the last bin's left edges
+            assert np.float32(lo) == lo and np.float32(hi) == hi  # the extremes are float32
+            yield f"{kind} {origin}/{n}", counts, (e, origin), (lo, hi)
+
+
+def _observer_in(state, **kwargs) -> MSEObserver:
+    counts, grid, extremes = state
+    obs = MSEObserver(**kwargs)
+    obs.histogram[:len(counts)] = counts
+    obs.grid[:] = torch.tensor(grid)
+    obs.extremes[:] = torch.tensor(extremes)
+    return obs
+
+
+def test_c_mse_search_equals_the_python_search_bit_for_bit():
+    """One C call (histogram.mse_search: the points, their prefix sums, every candidate, the coarse and the fine
+    rounds, the first of equal errors) chooses the clip of the Python search it replaced (observers._mse_search
+    over _centres), with the same error to the last bit, on adversarial histograms, affine and symmetric, for
+    8 and 4 bits; and the observer's clip is that one."""
+    for seed in (0, 1):
+        for name, *state in _adversarial_states(seed):
+            for qscheme in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+                for qmin, qmax in ((-128, 127), (0, 255), (-8, 7)):
+                    obs = _observer_in(state, dtype=torch.int8 if qmin < 0 else torch.uint8, quant_min=qmin,
+                                       quant_max=qmax, qscheme=qscheme)
+                    lows, highs, *_ = args = obs._candidates()
+                    counts, left, width = histogram.occupied(obs.histogram, obs.grid, obs.extremes)
+                    r, c, error = histogram.mse_search(counts, left, width, SUBBINS, *args, COARSE)
+                    assert (r, c, error) == _mse_search(*obs._centres(), *args), (name, qscheme, qmin)
+                    assert obs._clip() == ((-highs[c], highs[c]) if lows is None else (lows[r], highs[c]))
 
 
 def _raw_error(x: np.ndarray, lo: float, hi: float, qmin: int = -128, qmax: int = 127) -> float:

@@ -13,7 +13,8 @@ infinities too).
 Cost: one pass for the extremes and one to count, in C (``_histogram.c``, built on first use into
 qlower's cache; ``QLOWER_OBSERVER_NATIVE=0`` or no C compiler: the torch twins below, which compute
 the same counts and are what the tests compare the C with). The range searches over the histogram
-(``l2_search``, ``squared_errors``) are in C too, with torch / torchao twins.
+(``l2_search``, and ``mse_search``: the whole of MSEObserver's clip search in one call) are in C too,
+with Python / torchao twins.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from qlower.native_build import build_library, compiler
 BINS = 4096
 EMPTY = -(2**63)  # the exponent before any finite value
 SOURCE = Path(__file__).with_name("_histogram.c")
-FLAGS = ("-O3", "-march=native", "-std=c99", "-fno-math-errno", "-fno-trapping-math")
+# -ffp-contract=off: no fused multiply-adds, so the searches round as their torch twins do
+FLAGS = ("-O3", "-march=native", "-std=c99", "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off")
 _FLT_MIN = 2.0**-126
 
 
@@ -68,7 +70,9 @@ def _library() -> ctypes.CDLL | None:
     lib.qh_observe.argtypes, lib.qh_observe.restype = [p, i64, p, i64, p, p], i64
     lib.qh_l2_search.argtypes, lib.qh_l2_search.restype = [p, i64, f64, i64, p], None
     lib.qh_squared_errors.argtypes = [p, p, p, i64, f64, f64, p, p, i64, i64, i64, p]
-    lib.qh_squared_errors.restype = None
+    lib.qh_squared_errors.restype = i64
+    lib.qh_mse_search.argtypes = [p, i64, f64, f64, i64, p, i64, p, i64, i64, i64, f64, i64, p, p]
+    lib.qh_mse_search.restype = i64
     lib.qh_exponent.argtypes, lib.qh_exponent.restype = [f64, f64, i64], i64
     return lib
 
@@ -160,9 +164,30 @@ def squared_errors_native(prefix: list[torch.Tensor], first: float, step: float,
     p0, p1, p2 = (p.contiguous() for p in prefix)
     s, z = scale.to(torch.float64).contiguous(), zero.to(torch.float64).contiguous()
     out = torch.empty(len(s), dtype=torch.float64)
-    lib.qh_squared_errors(_ptr(p0), _ptr(p1), _ptr(p2), len(p0) - 1, first, step, _ptr(s), _ptr(z), len(s),
-                          qmin, qmax, _ptr(out))
+    if lib.qh_squared_errors(_ptr(p0), _ptr(p1), _ptr(p2), len(p0) - 1, first, step, _ptr(s), _ptr(z), len(s),
+                             qmin, qmax, _ptr(out)):
+        raise MemoryError("qlower observers: no memory for the clip search")
     return out
+
+
+def mse_search(counts: torch.Tensor, left: float, width: float, subbins: int, lows: torch.Tensor | None,
+               highs: torch.Tensor, qmin: int, qmax: int, eps: float, coarse: int) -> tuple[int, int, float] | None:
+    """observers.MSEObserver's whole clip search in one C call (its twin: ``observers._mse_search`` over
+    ``_centres`` with ``squared_errors_native``, the same result bit for bit): the indices ``(r, c)`` of the
+    clip ``(lows[r], highs[c])`` (``lows`` None: the symmetric clip ``±highs[c]``, r = 0) and its error. None
+    without the library, or where the codes outnumber the points (int16: the points are summed directly, in
+    torch)."""
+    lib = native()
+    npoints = len(counts) * subbins
+    if lib is None or not qmax - qmin + 1 < npoints:
+        return None
+    counts, highs = counts.to(torch.float64).contiguous(), highs.to(torch.float64).contiguous()
+    lows_ = highs[:0] if lows is None else lows.to(torch.float64).contiguous()
+    out, least = torch.zeros(2, dtype=torch.int64), torch.zeros(1, dtype=torch.float64)
+    if lib.qh_mse_search(_ptr(counts), len(counts), left, width, subbins, _ptr(lows_), len(lows_), _ptr(highs),
+                         len(highs), qmin, qmax, eps, coarse, _ptr(out), _ptr(least)):
+        raise MemoryError("qlower observers: no memory for the clip search")
+    return int(out[0]), int(out[1]), float(least)
 
 
 def occupied(counts: torch.Tensor, grid: torch.Tensor, extremes: torch.Tensor) -> tuple[torch.Tensor, float, float]:

@@ -146,43 +146,55 @@ class MSEObserver(_HistogramRange):
     """The clip of least expected squared quantization error over the histogram's values."""
 
     def _clip(self) -> tuple[float, float]:
-        points, weights = self._centres()
+        lows, highs, *_ = args = self._candidates()
+        counts, left, width = histogram.occupied(self.histogram, self.grid, self.extremes)
+        found = histogram.mse_search(counts, left, width, SUBBINS, *args, COARSE)
+        r, c, _ = found if found is not None else _mse_search(*self._centres(), *args)
+        return (-float(highs[c]), float(highs[c])) if lows is None else (float(lows[r]), float(highs[c]))
+
+    def _candidates(self) -> tuple[torch.Tensor | None, torch.Tensor, int, int, float]:
+        """The search's arguments: the clips' low ends (None: symmetric) and high ends, qmin, qmax, eps."""
         lo, hi = min(float(self.min_val), 0.0), max(float(self.max_val), 0.0)
-        qmin, qmax = self.quant_min, self.quant_max
         grid = ACT_GRID.to(torch.float64)
-        sums = _PointSums(points, weights)
-
         if self.qscheme == torch.per_tensor_symmetric:
-            top = max(-lo, hi) * grid
-            err = sums.errors((top / ((qmax - qmin) / 2)).clamp_min(float(self.eps)), torch.zeros_like(top),
-                              qmin, qmax)
-            best = float(top[int(torch.argmin(err))])  # the first of equal errors: the widest on the grid's order
-            return -best, best
-        # an end at 0 (after a ReLU) has one clip, not a grid of equal ones
-        lows, highs = lo * (grid if lo < 0 else grid[:1]), hi * (grid if hi > 0 else grid[:1])
-        tried: dict[tuple[int, int], float] = {}
+            lows, highs = None, max(-lo, hi) * grid
+        else:  # an end at 0 (after a ReLU) has one clip, not a grid of equal ones
+            lows, highs = lo * (grid if lo < 0 else grid[:1]), hi * (grid if hi > 0 else grid[:1])
+        return lows, highs, self.quant_min, self.quant_max, float(self.eps)
 
-        def search(rows: list[int], cols: list[int]) -> None:
-            ij = [(r, c) for r in rows for c in cols if (r, c) not in tried]
-            if not ij:
-                return
-            r, c = (torch.tensor(v) for v in zip(*ij, strict=True))
-            a, b = lows[r], highs[c]
-            scale = (b - a) / (qmax - qmin)
-            zero = torch.clamp(qmin - torch.round(a / scale.clamp_min(1e-30)), qmin, qmax)
-            tried.update(zip(ij, sums.errors(scale.clamp_min(float(self.eps)), zero, qmin, qmax).tolist(),
-                             strict=True))
 
-        def around(n: int, centre: int | None) -> list[int]:
-            if centre is None:  # every COARSE-th value, and the last (min/max)
-                return sorted({*range(0, n, COARSE), n - 1})
-            return list(range(max(0, centre - COARSE + 1), min(n, centre + COARSE)))
+def _mse_search(points: torch.Tensor, weights: torch.Tensor, lows: torch.Tensor | None, highs: torch.Tensor,
+                qmin: int, qmax: int, eps: float) -> tuple[int, int, float]:
+    """MSEObserver's search over weighted points (histogram.mse_search is its C twin, bit for bit): the indices
+    ``(r, c)`` of the clip ``(lows[r], highs[c])`` of least error, the first of equal errors (the widest on the
+    grid's order; ``lows`` None: the symmetric clip ``±highs[c]``, r = 0), and that error."""
+    sums = _PointSums(points, weights)
+    if lows is None:
+        err = sums.errors((highs / ((qmax - qmin) / 2)).clamp_min(eps), torch.zeros_like(highs), qmin, qmax)
+        c = int(torch.argmin(err))
+        return 0, c, float(err[c])
+    tried: dict[tuple[int, int], float] = {}
 
-        search(around(len(lows), None), around(len(highs), None))
-        r0, c0 = min(tried, key=lambda k: (tried[k], k))
-        search(around(len(lows), r0), around(len(highs), c0))
-        r, c = min(tried, key=lambda k: (tried[k], k))  # the first of equal errors: the widest on the grid's order
-        return float(lows[r]), float(highs[c])
+    def search(rows: list[int], cols: list[int]) -> None:
+        ij = [(r, c) for r in rows for c in cols if (r, c) not in tried]
+        if not ij:
+            return
+        r, c = (torch.tensor(v) for v in zip(*ij, strict=True))
+        a, b = lows[r], highs[c]
+        scale = (b - a) / (qmax - qmin)
+        zero = torch.clamp(qmin - torch.round(a / scale.clamp_min(1e-30)), qmin, qmax)
+        tried.update(zip(ij, sums.errors(scale.clamp_min(eps), zero, qmin, qmax).tolist(), strict=True))
+
+    def around(n: int, centre: int | None) -> list[int]:
+        if centre is None:  # every COARSE-th value, and the last (min/max)
+            return sorted({*range(0, n, COARSE), n - 1})
+        return list(range(max(0, centre - COARSE + 1), min(n, centre + COARSE)))
+
+    search(around(len(lows), None), around(len(highs), None))
+    r0, c0 = min(tried, key=lambda k: (tried[k], k))
+    search(around(len(lows), r0), around(len(highs), c0))
+    r, c = min(tried, key=lambda k: (tried[k], k))
+    return r, c, tried[r, c]
 
 
 class _PointSums:
