@@ -16,7 +16,7 @@ from torchao.quantization.pt2e.fake_quantize import FakeQuantizeBase
 import qlower
 from qlower import zoo
 from qlower.errors import ConfigError
-from qlower.frontend.fake_quant import ExportableFakeQuantize
+from qlower.frontend.fake_quant import ExportableFakeQuantize, ExportableFixedQParamsFakeQuantize
 from qlower.frontend.learned_scales import LearnedScaleFakeQuantize, learned_fake_quants
 from qlower.frontend.qat import freeze_ranges
 from qlower.reference import run_graph
@@ -103,3 +103,17 @@ def test_a_state_dict_restores_the_learned_and_enabled_switches(per_channel):
     back.start_learning()
     back.load_state_dict(before)
     assert not back.learned and torch.equal(back(x), _observed(per_channel)(x))
+
+
+def test_a_pinned_value_keeps_its_scale_through_export_and_compile():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh()).eval()
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
+    pinned = qlower.QuantConfig(fixed={"output": (1 / 128, 0, -128, 127)})
+    qat = qlower.prepare_qat(model, (x[:1],), pinned, [(x,)], learn_scales="all").eval()
+    fixed = [m for m in qat.modules() if isinstance(m, ExportableFixedQParamsFakeQuantize)]
+    assert len(fixed) == 1 and float(fixed[0].scale) == 1 / 128
+    with torch.no_grad():
+        assert torch.equal(_exported(qat, (x,))(x), qat(x))
+    prog = qlower.compile(qat, (x[:1],), progress=False)
+    assert [op.operands[0].quant.scale for op in prog.canonical.ops if op.kind == "dequantize"] == [(1 / 128,)]
