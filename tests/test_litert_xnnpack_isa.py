@@ -1,8 +1,8 @@
 """XNNPACK's two x86 GEMM kernel families (qlower/backends/litert/xnnpack_isa.py): AMX tiles and AVX-512 VNNI.
 
 XNNPACK picks one per process when it starts, so each family runs in a child process of its own
-(``QLOWER_XNNPACK_AMX`` forces it): zoo networks compiled for ``litert`` with ``kernels="xnnpack"`` must be
-bit-exact with the reference at 1 and 2 threads under both, and the two must agree. The child started
+(``QLOWER_XNNPACK_AMX`` forces it): the zoo's MobileNetV2 compiled for ``litert`` with ``kernels="xnnpack"``
+(saved once, loaded by each child) must be bit-exact with the reference at 1 and 2 threads under both. The child started
 without tiles also shows that only XNNPACK was refused them (the process can still take them), and a
 third child shows the per-program choice: the first program's cost model decides, and a later program
 preferring the other family gets one warning. The cost model itself is checked on GEMMs whose padding is
@@ -20,10 +20,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+import qlower
+from qlower import zoo
 from qlower.backends.litert import xnnpack_isa
 from qlower.errors import ConfigError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType, verify_graph
+from qlower.reference import run_graph
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,73 +66,61 @@ def test_a_bad_override_is_a_config_error(monkeypatch):
 
 
 CHILD = textwrap.dedent("""
-    import json, sys, warnings
+    import ctypes, json, sys
     import numpy as np
-    import torch
     import qlower
-    from qlower import zoo
     from qlower.backends.litert import xnnpack_isa
     from qlower.backends.litert.backend import with_threads
-    from qlower.reference import run_graph
 
-    out, names = sys.argv[1], sys.argv[2:]
-    report, arrays = {"exact": {}}, {}
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for name in names:
-            model, example, cfg, calibration = zoo.get(name, size=32)
-            prog = qlower.compile(model, example, target="litert", quant=cfg, calibration=calibration,
-                                  progress=False, backend_options={"kernels": "xnnpack"})
-            batch = [torch.randn(tuple(x.shape), generator=torch.Generator().manual_seed(11)).numpy() for x in example]
-            for which, xs in (("example", [x.numpy() for x in example]), ("random", batch)):
-                want = run_graph(prog.source, xs)
-                for threads in (1, 2):
-                    got = with_threads(prog, threads).run(*xs)
-                    report["exact"][f"{name}/{which}/{threads}"] = all(
-                        g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want))
-                    arrays[f"{name}_{which}_{threads}"] = got[0]
-            report.setdefault("prefers", {})[name] = [p.payload.meta.get("xnnpack_amx") for p in prog.partitions
-                                                      if p.backend == "litert"]
-    report["state"] = xnnpack_isa.state()
-    report["warnings"] = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)
-                          and "XNNPACK started" in str(w.message)]
-    report["has_amx"] = xnnpack_isa.cpu_has_amx()
-    report["process_may_take_tiles"] = xnnpack_isa.tiles_permitted() or (
-        report["has_amx"] and __import__("ctypes").CDLL(None).syscall(158, 0x1023, 18) == 0)
-    np.savez(out + ".npz", **arrays)
-    print(json.dumps(report))
+    program, inputs, out = sys.argv[1:4]
+    prog = qlower.load(program)
+    arrays = {}
+    with np.load(inputs) as z:
+        for k in z.files:
+            for threads in (1, 2):
+                arrays[f"{k}_{threads}"] = with_threads(prog, threads).run(z[k])[0]
+    has = xnnpack_isa.cpu_has_amx()
+    print(json.dumps({"state": xnnpack_isa.state(), "has_amx": has, "process_may_take_tiles": bool(
+        xnnpack_isa.tiles_permitted() or (has and ctypes.CDLL(None).syscall(158, 0x1023, 18) == 0))}))
+    np.savez(out, **arrays)
 """)
 
 
-def _child(tmp_path: Path, tag: str, amx: str | None, names: list[str]) -> tuple[dict, dict]:
+def _child(tmp_path: Path, amx: str, program: Path, inputs: Path) -> tuple[dict, dict]:
     env = {k: v for k, v in os.environ.items() if k != xnnpack_isa.ENV}
-    if amx is not None:
-        env[xnnpack_isa.ENV] = amx
+    env[xnnpack_isa.ENV] = amx
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    out = str(tmp_path / tag)
-    proc = subprocess.run([sys.executable, "-c", CHILD, out, *names], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=tmp_path)
+    out = tmp_path / f"out{amx}.npz"
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(program), str(inputs), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
-    with np.load(out + ".npz") as z:
-        return report, {k: z[k] for k in z.files}
+    with np.load(out) as z:
+        return json.loads(proc.stdout.strip().splitlines()[-1]), {k: z[k] for k in z.files}
 
 
 @pytest.mark.slow
 def test_both_kernel_families_are_bit_exact_and_agree(tmp_path):
-    names = ["mobilenet_v2", "resnet18"]
-    vnni, vnni_out = _child(tmp_path, "vnni", "0", names)
-    amx, amx_out = _child(tmp_path, "amx", "1", names)
-    for report in (vnni, amx):
-        assert report["exact"] and all(report["exact"].values()), report["exact"]
+    """MobileNetV2 (32x32) compiled once here; each child loads the file and runs it under one family."""
+    model, example, cfg, calibration = zoo.get("mobilenet_v2", size=32)
+    prog = qlower.compile(model, example, target="litert", quant=cfg, calibration=calibration, progress=False,
+                          backend_options={"kernels": "xnnpack"})
+    prog.save(tmp_path / "mnv2.qlower")
+    gen = torch.Generator().manual_seed(11)
+    inputs = {"example": example[0].numpy(), "random": torch.randn(tuple(example[0].shape), generator=gen).numpy()}
+    np.savez(tmp_path / "inputs.npz", **inputs)
+    runs = {amx: _child(tmp_path, amx, tmp_path / "mnv2.qlower", tmp_path / "inputs.npz") for amx in ("0", "1")}
+    (vnni, vnni_out), (amx, amx_out) = runs["0"], runs["1"]
     assert vnni["state"] == {"started": True, "amx_tiles": False,
                              "why": "QLOWER_XNNPACK_AMX=0" if vnni["has_amx"] else "this CPU has no AMX"}
     assert amx["state"]["amx_tiles"] is amx["has_amx"]
     if vnni["has_amx"]:   # refused to XNNPACK only: the rest of the process may still take the tiles
         assert vnni["process_may_take_tiles"]
-    assert vnni_out.keys() == amx_out.keys() and len(vnni_out) == 8
-    for k in vnni_out:
-        np.testing.assert_array_equal(vnni_out[k], amx_out[k], err_msg=k)
+    assert sorted(vnni_out) == sorted(amx_out) == sorted(f"{k}_{t}" for k in inputs for t in (1, 2))
+    for k, x in inputs.items():
+        want = run_graph(prog.source, [x])[0]
+        for t in (1, 2):   # GEMMs (1x1 convs, the 3x3 stem's IGEMM, the classifier), depthwise, ADD, MEAN
+            np.testing.assert_array_equal(vnni_out[f"{k}_{t}"], want, err_msg=f"VNNI {k} {t} threads")
+            np.testing.assert_array_equal(amx_out[f"{k}_{t}"], want, err_msg=f"AMX {k} {t} threads")
 
 
 def _ir_program_child(tmp_path: Path) -> dict:

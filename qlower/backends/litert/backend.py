@@ -260,7 +260,7 @@ def _run(payload: Payload, inputs: Sequence[np.ndarray], traced: tuple[str, ...]
             it.it.invoke()
         except RuntimeError as e:
             raise ExecutionError(f"LiteRT failed running the partition: {e}") from e
-        outs = [np.array(it.it.get_tensor(d["index"])) for d in it.outputs]
+        outs = [it.it.get_tensor(d["index"]) for d in it.outputs]   # a copy each (LiteRT documents it)
         seen = {name: np.array(it.it.get_tensor(it.by_name[name])) for name in traced if name in it.by_name}
     for i, (y, t) in enumerate(zip(outs, payload.output_types)):
         if y.dtype != t.dtype.numpy or tuple(y.shape) != t.shape:
