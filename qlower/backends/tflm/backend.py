@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 import tflite
 
+from qlower.backends.float_inputs import SATURATING, check_finite, quantized_only, saturating_problem
 from qlower.backends.litert.flatbuffer import NUMPY_OF_TFLITE
 from qlower.backends.litert.fused_add import TfliteAdd
 from qlower.backends.litert.verify import builtin_counts, verify_tflite
@@ -28,7 +29,7 @@ from qlower.backends.tflm.mean import TflmMean
 from qlower.backends.tflm.rounding import TflmKernelRounding
 from qlower.backends.tflm.settle import settled_reasons
 from qlower.contract import Backend, CostReport, Exporter, Payload, Verdict, check_payload_inputs
-from qlower.errors import ExecutionError, InputError, InvalidProgramError
+from qlower.errors import ExecutionError, InvalidProgramError
 from qlower.ir import Graph, Op
 from qlower.ir.rewrite import Rewrite
 
@@ -106,6 +107,8 @@ class TflmBackend(Backend):
             tensor_map={n: n for n in sorted(names & set(tensor_bytes(model)))} if trace else {},
             meta={"exactness": EXACTNESS, "tflite_ops": builtin_counts(model), "io": self.io,
                   "arena_bytes": arena, "flash_bytes": len(model),
+                  # float inputs only QUANTIZE reads: ±inf saturates there as in the reference (float_inputs.py)
+                  SATURATING: quantized_only(subgraph),
                   # explain() prints it: what the device must hold
                   "summary": f"TFLM: tensor arena {arena:,} bytes (the smallest its interpreter allocates the "
                              f"model in), model {len(model):,} bytes (flash)"},
@@ -124,7 +127,10 @@ class TflmBackend(Backend):
             return str(e)
         if model != export_tflm(subgraph, description=description(subgraph)):
             return "the .tflite payload is not what qlower writes for its subgraph (altered after compilation)"
-        return None
+        if payload.input_types != tuple(v.type for v in subgraph.inputs) \
+                or payload.output_types != tuple(v.type for v in subgraph.outputs):
+            return "its boundary types differ from its subgraph's (a .tflite holds no codes' range to tell)"
+        return saturating_problem(subgraph, payload)
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         return self._run(payload, inputs, ())[0]
@@ -136,9 +142,7 @@ class TflmBackend(Backend):
     def _run(self, payload: Payload, inputs: Sequence[np.ndarray], traced: tuple[str, ...]
              ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
         arrays = check_payload_inputs(payload, inputs, "the TFLM partition")
-        for i, x in enumerate(arrays):
-            if x.dtype.kind == "f" and not np.all(np.isfinite(x)):
-                raise InputError(f"input {i} of the TFLM partition holds NaN or infinity")
+        check_finite(payload, arrays, "the TFLM partition")
         model = payload.blobs.get(MODEL_BLOB)
         if model is None:
             raise ExecutionError(f"the tflm payload has no {MODEL_BLOB}")

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from qlower.backends.derived import first_difference
+from qlower.backends.float_inputs import SATURATING, check_finite, quantized_only, saturating_problem
 from qlower.backends.tosa.backend import GRAPH_BLOB as GRAPH_TOSA
 from qlower.backends.tosa.backend import TRACE_BLOB as TRACE_TOSA
 from qlower.backends.tosa.consumer import SIMULATED, TosaConsumer, simulated
@@ -44,7 +45,7 @@ from qlower.backends.vgf.container import VgfModel, VgfTensor, read_vgf
 from qlower.backends.vgf.converter import converter_version, tosa_to_vgf_cached
 from qlower.backends.vgf.runner import TensorSpec, VulkanUnavailable, run_vgf, specs_from_meta
 from qlower.contract import Execution, Payload, Verdict, check_payload_inputs
-from qlower.errors import CompileError, ConfigError, ExecutionError, InputError
+from qlower.errors import CompileError, ConfigError, ExecutionError
 from qlower.ir import DType, Graph, GraphBuilder, Op, QuantSpec, TensorType, Value
 
 PROFILES: dict[str, str] = {"vgf": "tosa-1.0+int+fp", "vgf+int": "tosa-1.0+int"}
@@ -125,13 +126,11 @@ def _run_real(payload: Payload, inputs: Sequence[np.ndarray], blob: str = MODEL_
     return run_vgf(payload.blobs[blob], list(zip(ins, inputs)), outs, f"VGF partition for {payload.target}")
 
 
-def _without_nan(arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """The arrays, unless a float one holds NaN: the emulation layer reads NaN as -inf (measured),
-    where every other target raises (NaN has no quantized code), so a VGF run raises too."""
-    for i, x in enumerate(arrays):
-        if x.dtype.kind == "f" and np.isnan(x).any():
-            raise InputError(f"input {i} of the VGF partition holds NaN, which the Vulkan ML emulation layer "
-                             "would read as -inf; NaN has no quantized code")
+def _finite(payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """The inputs of a run on Vulkan, checked: the emulation layer reads NaN as -inf (measured), and a
+    NaN that ±inf makes inside a float op too, where the reference refuses (float_inputs.py)."""
+    arrays = check_payload_inputs(payload, inputs, "the VGF partition")
+    check_finite(payload, arrays, "the VGF partition")
     return arrays
 
 
@@ -243,6 +242,8 @@ class VgfBackend(TosaConsumer):
             "segments": list(model.segments),
             "constants": model.constants,
             "io": _io_meta(model),
+            # float inputs only quantize ops read: ±inf saturates there as in the reference (float_inputs.py)
+            SATURATING: quantized_only(subgraph),
         }
         blobs = {MODEL_VGF: converted.vgf}
         if TRACE_TOSA in tosa.blobs:
@@ -261,8 +262,10 @@ class VgfBackend(TosaConsumer):
         """The TOSA graphs as every TOSA consumer checks them, then every VGF byte derived again:
         the model converter run on the validated TOSA graph (deterministic; remembered by digest, so
         a program loaded where it was compiled, or loaded twice, converts once) must write exactly
-        the payload's VGF, and the IO the VGF declares must be the payload's IO metadata."""
-        return super().check_loaded(subgraph, payload) or derived_problem(payload)
+        the payload's VGF, the IO the VGF declares must be the payload's IO metadata, and the inputs
+        it lets ±inf saturate those its subgraph only quantizes."""
+        return (super().check_loaded(subgraph, payload) or derived_problem(payload)
+                or saturating_problem(subgraph, payload))
 
     @staticmethod
     def _runs_on_vulkan(payload: Payload) -> bool:
@@ -273,7 +276,7 @@ class VgfBackend(TosaConsumer):
         """On Vulkan when the payload says so (never a silent fallback), else on the TOSA reference model."""
         if not self._runs_on_vulkan(payload):
             return super().execute(payload, inputs)
-        arrays = _without_nan(check_payload_inputs(payload, inputs, "the VGF partition"))
+        arrays = _finite(payload, inputs)
         try:
             return _run_real(payload, arrays).outputs
         except VulkanUnavailable as e:
@@ -289,7 +292,7 @@ class VgfBackend(TosaConsumer):
         if not self._runs_on_vulkan(payload):
             return super().execute_traced(payload, inputs, tensors)
         names = tosa_tensors(payload)
-        arrays = _without_nan(check_payload_inputs(payload, inputs, "the VGF partition"))
+        arrays = _finite(payload, inputs)
         outputs_named = list(names.outputs)
         try:
             if TRACE_VGF in payload.blobs:
