@@ -9,13 +9,8 @@ saturating inputs than its subgraph has."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import struct
-
 import numpy as np
 import pytest
-import safetensors.numpy
 
 from qlower.api import lower_graph
 from qlower.backends.float_inputs import SATURATING
@@ -23,6 +18,7 @@ from qlower.errors import InputError, InvalidProgramError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType
 from qlower.program.fileformat import program_from_bytes, program_to_bytes
 from qlower.reference import run_graph
+from qlower.testing.hostile import edit_header
 
 F32 = np.float32
 TARGETS = ("tflm", "vgf")
@@ -97,16 +93,6 @@ def test_infinity_into_a_float_op_is_refused(subtracted):
             subtracted.run(x)
 
 
-def _edit(data: bytes, change) -> bytes:
-    head = struct.Struct("<8sIQ32s")
-    body = data[head.size:]
-    n = int.from_bytes(body[:8], "little")
-    header = json.loads(json.loads(body[8:8 + n])["__metadata__"]["qlower"])
-    change(header)
-    body = safetensors.numpy.save(dict(safetensors.numpy.load(body)), metadata={"qlower": json.dumps(header)})
-    return head.pack(b"\x89QLOWER\n", 1, len(body), hashlib.sha256(body).digest()) + body
-
-
 def test_a_file_cant_claim_an_input_saturates(subtracted):
     data = program_to_bytes(subtracted)
     assert program_from_bytes(data).partitions[0].payload.meta[SATURATING] == []
@@ -115,4 +101,4 @@ def test_a_file_cant_claim_an_input_saturates(subtracted):
         h["partitions"][0]["payload"]["meta"][SATURATING] = [0]
     with pytest.raises(InvalidProgramError, match=r"partition 'p0' payload: its metadata 'saturating_inputs' \[0\] "
                                                   r"is not the float inputs its subgraph only quantizes \(\[\]\)"):
-        program_from_bytes(_edit(data, claim))
+        program_from_bytes(edit_header(data, claim))

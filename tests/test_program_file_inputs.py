@@ -11,22 +11,18 @@ longer fits) and computing its own reference exactly."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
-import struct
 
 import numpy as np
 import pytest
-import safetensors.numpy
 
 from qlower.api import lower_graph
 from qlower.errors import InputError, InvalidProgramError
 from qlower.ir import DType, GraphBuilder, QuantSpec, TensorType
 from qlower.program.fileformat import program_from_bytes, program_to_bytes
 from qlower.reference import run_graph
+from qlower.testing.hostile import edit_header
 
-HEAD = struct.Struct("<8sIQ32s")
 NARROW, WIDE = "int8[1x2x16] {s=0.015625 zp=0 q=[-127,127]}", "int8[1x2x16] {s=0.015625 zp=0} (codes [-128, 127])"
 
 
@@ -35,16 +31,6 @@ def _matmul(k: int = 16, x_range: tuple[int, int] = (-127, 127)):
     x = b.input("x", TensorType((1, 2, k), DType.INT8, QuantSpec.per_tensor(2**-6, 0, qmin=x_range[0], qmax=x_range[1])))
     y = b.input("y", TensorType((1, k, 3), DType.INT8, QuantSpec.per_tensor(2**-5, 0)))
     return b.build([b.op("rescale", b.op("matmul", x, y, name="mm"), out=QuantSpec.per_tensor(2**-3, 0), name="rq")])
-
-
-def _edit(data: bytes, change) -> bytes:
-    """The file with its JSON header changed, sealed again (a forger recomputes the checksum)."""
-    body = data[HEAD.size:]
-    n = int.from_bytes(body[:8], "little")
-    header = json.loads(json.loads(body[8:8 + n])["__metadata__"]["qlower"])
-    change(header)
-    body = safetensors.numpy.save(dict(safetensors.numpy.load(body)), metadata={"qlower": json.dumps(header)})
-    return HEAD.pack(b"\x89QLOWER\n", 1, len(body), hashlib.sha256(body).digest()) + body
 
 
 def _widen(*places: str):
@@ -90,7 +76,7 @@ def test_a_range_widened_everywhere_but_in_the_partition_is_refused(target, mess
     with pytest.raises(InputError, match="holds -128 at index"):
         program_from_bytes(data).run(x, y)
     with pytest.raises(InvalidProgramError, match=re.escape(message)):
-        program_from_bytes(_edit(data, _widen("host", "source", "delegate", "payload")))
+        program_from_bytes(edit_header(data, _widen("host", "source", "delegate", "payload")))
 
 
 @pytest.mark.parametrize("target", ["tflm", "tosa-1.0+int"])
@@ -100,13 +86,13 @@ def test_a_host_graph_input_declared_otherwise_than_the_source_graph_is_refused(
         with pytest.raises(InvalidProgramError, match=re.escape(
                 f"host graph input #0 %x: is declared {declared}, but the source graph (the program as compiled "
                 f"and verified) reads {source}")):
-            program_from_bytes(_edit(data, _widen(widened)))
+            program_from_bytes(edit_header(data, _widen(widened)))
 
 
 def test_a_range_widened_everywhere_is_the_widened_program():
     """Every record widened, subgraph included: the .tflite is byte for byte what qlower writes for the
     widened graph, and the loaded program computes that graph's reference exactly at -128."""
-    forged = _edit(program_to_bytes(lower_graph(_matmul(), "tflm")),
+    forged = edit_header(program_to_bytes(lower_graph(_matmul(), "tflm")),
                    _widen("host", "source", "delegate", "payload", "subgraph"))
     program = program_from_bytes(forged)
     assert program.graph.inputs[0].type.quant.qmin == -128
@@ -119,4 +105,4 @@ def test_a_widening_that_breaks_a_bound_the_range_kept_is_refused_at_load():
     k = 140_000
     data = program_to_bytes(lower_graph(_matmul(k, (-100, 100)), "reference"))
     with pytest.raises(InvalidProgramError, match="(?s)host graph: fails verification.*up to 128 x 128 .* beyond the int32 accumulator"):
-        program_from_bytes(_edit(data, _widen("host")))
+        program_from_bytes(edit_header(data, _widen("host")))
