@@ -84,7 +84,11 @@ def gemm_features(graph) -> dict:
         return sum(math.prod(-(-d // t) * t for d, t in zip(s, tile)) for s in gemms)
 
     total = macs + dw_macs + matmul_macs
+    counts: dict[tuple[int, int, int], int] = {}
+    for g in gemms:
+        counts[g] = counts.get(g, 0) + 1
     return {
+        "shapes": [[*g, c] for g, c in counts.items()],   # (M, N, K, how many)
         "gemms": len(gemms), "gemm_macs": macs, "depthwise_macs": dw_macs, "matmul_macs": matmul_macs,
         "amx_eff": round(macs / padded(AMX_TILE), 4) if gemms else None,
         "vnni_eff": round(macs / padded(VNNI_TILE), 4) if gemms else None,
@@ -167,21 +171,32 @@ class Child:
 
 
 # --- one model --------------------------------------------------------------------------------------------------
-def gemm_model(m: int, n: int, k: int):
-    """One 1x1 convolution computing an (M, N, K) GEMM (M a square number: the image's pixels), as a zoo model:
-    seeded weights, the zoo's static per-channel int8 config, random calibration images."""
+def conv_model(side: int, cin: int, cout: int, kernel: int):
+    """One convolution (``kernel`` x ``kernel``, stride 1, same padding) on a ``side`` x ``side`` image, as a zoo
+    model: seeded weights, the zoo's static per-channel int8 config, random calibration images. A 1x1 one is
+    an (M, N, K) = (side^2, cout, cin) GEMM."""
     import torch
 
     from qlower import zoo
 
-    side = math.isqrt(m)
-    if side * side != m:
-        raise ValueError(f"gemm {m}x{n}x{k}: M must be a square number (the 1x1 convolution's pixels)")
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(k, n, 1)).eval()
+    model = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, kernel, padding=kernel // 2)).eval()
     gen = torch.Generator().manual_seed(1)
-    images = [(torch.randn(1, k, side, side, generator=gen),) for _ in range(4)]
+    images = [(torch.randn(1, cin, side, side, generator=gen),) for _ in range(4)]
     return model, images[0], zoo.get("tiny_cnn")[2], images
+
+
+def _conv_spec(text: str, parser: argparse.ArgumentParser, gemm: bool) -> tuple[str, tuple[int, ...]]:
+    """``MxNxK`` (a GEMM: a 1x1 convolution, M a square number) or ``SIDExCINxCOUTxKERNEL`` as a conv row."""
+    try:
+        dims = tuple(int(d) for d in text.split("x"))
+    except ValueError:
+        dims = ()
+    if gemm and len(dims) == 3 and math.isqrt(dims[0]) ** 2 == dims[0]:
+        return "conv", (math.isqrt(dims[0]), dims[2], dims[1], 1)
+    if not gemm and len(dims) == 4:
+        return "conv", dims
+    parser.error(f"{text!r}: expected " + ("MxNxK with M a square number" if gemm else "SIDExCINxCOUTxKERNEL"))
 
 
 def _prepare(item: tuple[str, int | None], thread_counts: list[int], workdir: Path) -> dict:
@@ -191,8 +206,8 @@ def _prepare(item: tuple[str, int | None], thread_counts: list[int], workdir: Pa
     from qlower.api import lower_graph
 
     name, size = item
-    if name == "gemm":
-        model, example, cfg, calibration = gemm_model(*size)
+    if name == "conv":
+        model, example, cfg, calibration = conv_model(*size)
     else:
         model, example, cfg, calibration = zoo.get(name, size) if size else zoo.get(name)
     t0 = time.perf_counter()
@@ -252,8 +267,9 @@ def _outputs(workdir: Path, mode: str, threads: int, n: int) -> list[np.ndarray]
 
 def _label(item: tuple[str, int | tuple | None]) -> str:
     name, size = item
-    if name == "gemm":
-        return "gemm " + "x".join(map(str, size))
+    if name == "conv":
+        side, cin, cout, kernel = size
+        return f"conv{kernel} {side * side}x{cout}x{cin * kernel * kernel}"
     return name + (f"@{size}" if size else "")
 
 
@@ -295,42 +311,69 @@ def _winner(r: dict) -> str | None:
     return None if lo <= 1 <= hi else ("amx" if r["paired_ratio"] > 1 else "vnni")
 
 
-def _threshold(points: list[tuple[float, str]], high: str) -> dict:
-    """The threshold on one feature that best splits ``points`` (value, winner) with ``high`` above it: the
-    interval of thresholds with the fewest errors, its geometric middle and the margin (upper/lower end)."""
-    values = sorted({v for v, _ in points})
-    cuts = [values[0] / 2] + [math.sqrt(a * b) for a, b in zip(values, values[1:])] + [values[-1] * 2]
+def _regret(amx: bool, paired: float) -> float:
+    """How much slower a row runs with the chosen kernels than with the faster ones (log of the time ratio),
+    from its paired ratio VNNI/AMX."""
+    return max(0.0, -math.log(paired)) if amx else max(0.0, math.log(paired))
+
+
+def _threshold(points: list[tuple[float, float, str | None]], high: str) -> dict:
+    """The threshold on one feature for the rule "``high`` above it, the other kernels below", from ``points``
+    (value, paired ratio, clear winner or None): the cut between two neighbouring values with the least mean
+    regret over every point (then the fewest errors among clear winners). Gives the cut (their geometric mean),
+    the interval of values it lies in, its margin (upper/lower end), the errors, the mean and worst regret."""
+    values = sorted({v for v, _, _ in points})
     best = None
-    for lo_i in range(len(values) + 1):
-        lo = values[lo_i - 1] if lo_i else 0.0
-        hi = values[lo_i] if lo_i < len(values) else math.inf
-        errors = sum((v > lo) != (w == high) for v, w in points)
-        if best is None or errors < best["errors"]:
-            best = {"errors": errors, "interval": [lo, hi], "threshold": cuts[lo_i]}
-    lo, hi = best["interval"]
-    best["margin"] = round(hi / lo, 3) if lo > 0 and hi < math.inf else None
-    best["interval"] = [round(lo, 4), None if hi == math.inf else round(hi, 4)]
-    best["threshold"] = round(best["threshold"], 4)
-    best["models"] = len(points)
-    return best
+    for i in range(len(values) + 1):
+        lo = values[i - 1] if i else -math.inf
+        hi = values[i] if i < len(values) else math.inf
+        amx_above = high == "amx"
+        choice = [(v > lo) == amx_above for v, _, _ in points]   # AMX chosen?
+        regrets = [_regret(c, p) for c, (_, p, _) in zip(choice, points)]
+        errors = sum(w is not None and (w == "amx") != c for c, (_, _, w) in zip(choice, points))
+        key = (round(sum(regrets) / len(regrets), 6), errors)
+        if best is None or key < best[0]:
+            best = (key, lo, hi, errors, regrets)
+    (_, _), lo, hi, errors, regrets = best
+    finite = lo > 0 and hi < math.inf
+    return {"threshold": round(math.sqrt(lo * hi), 4) if finite else (None if lo == -math.inf else lo),
+            "interval": [None if lo == -math.inf else round(lo, 4), None if hi == math.inf else round(hi, 4)],
+            "margin": round(hi / lo, 3) if finite else None,
+            "errors": errors, "clear": sum(w is not None for _, _, w in points), "rows": len(points),
+            "mean_regret_pct": round(100 * (math.exp(sum(regrets) / len(regrets)) - 1), 2),
+            "max_regret_pct": round(100 * (math.exp(max(regrets)) - 1), 1)}
 
 
-def fit(rows: list[dict], threads: str) -> dict:
-    """R (AMX wins when R > vnni_eff/amx_eff) and one-threshold rules on other features, from the rows whose
-    winner is clear at ``threads``."""
+def _rule(points: list[tuple[bool, float, str | None]]) -> dict:
+    """A fixed choice per row (AMX?, paired ratio, clear winner): its errors and regret."""
+    regrets = [_regret(c, p) for c, p, _ in points]
+    return {"errors": sum(w is not None and (w == "amx") != c for c, _, w in points),
+            "clear": sum(w is not None for _, _, w in points), "rows": len(points),
+            "mean_regret_pct": round(100 * (math.exp(sum(regrets) / len(regrets)) - 1), 2),
+            "max_regret_pct": round(100 * (math.exp(max(regrets)) - 1), 1)}
+
+
+FEATURES = (("mean_n", "amx"), ("mean_k", "amx"), ("gemm_macs", "amx"), ("amx_eff", "amx"),
+            ("depthwise_mac_share", "vnni"))   # (feature, which kernels win above its threshold)
+
+
+def fit(rows: list[dict], threads: str, r_value: float) -> dict:
+    """At ``threads``: R (the rule prefers AMX when R > vnni_eff/amx_eff) fitted as the threshold on
+    vnni_eff/amx_eff, the rule at ``r_value``, always-AMX and always-VNNI, and one-threshold rules on the other
+    features; each with its errors among the rows whose winner is clear (paired IQR away from 1) and its regret
+    over every row with a GEMM (the time lost against the faster kernels, from the paired ratio)."""
     done = [r for r in rows if threads in r.get("threads", {}) and r["amx_eff"]]
-    clear = [(r, w) for r in done if (w := _winner(r["threads"][threads]))]
-    out: dict = {"threads": int(threads), "models": [r["model"] for r, _ in clear],
+    out: dict = {"threads": int(threads), "rows": [r["model"] for r in done],
                  "ties": [r["model"] for r in done if not _winner(r["threads"][threads])]}
-    if not clear:
+    if not done:
         return out
-    out["R"] = _threshold([(r["vnni_eff"] / r["amx_eff"], w) for r, w in clear], "vnni")
-    # AMX wins above the threshold of a feature where a larger value favours tiles
-    for feature, high in (("mean_n", "amx"), ("mean_k", "amx"), ("gemm_macs", "amx"), ("amx_eff", "amx"),
-                          ("depthwise_mac_share", "vnni")):
-        pts = [(r[feature], w) for r, w in clear if r[feature] is not None]
-        if pts:
-            out[feature] = _threshold(pts, high)
+    pts = [(r, r["threads"][threads]["paired_ratio"], _winner(r["threads"][threads])) for r in done]
+    out["R"] = _threshold([(r["vnni_eff"] / r["amx_eff"], p, w) for r, p, w in pts], "vnni")
+    out[f"R={r_value}"] = _rule([(r["amx_eff"] * r_value > r["vnni_eff"], p, w) for r, p, w in pts])
+    out["always AMX"] = _rule([(True, p, w) for _, p, w in pts])
+    out["always VNNI"] = _rule([(False, p, w) for _, p, w in pts])
+    for feature, high in FEATURES:
+        out[feature] = _threshold([(r[feature], p, w) for r, p, w in pts if r[feature] is not None], high)
     return out
 
 
@@ -361,11 +404,11 @@ def _table(rows: list[dict], r_value: float, thread_counts: list[int]) -> None:
 def _gemm_table(rows: list[dict], thread_counts: list[int]) -> None:
     """The one-GEMM rows: the R each implies (its paired ratio times vnni_eff/amx_eff: the speed-up of AMX per
     padded MAC, were the whole program its GEMM)."""
-    gemms = [r for r in rows if r["zoo_name"] == "gemm" and "threads" in r]
+    gemms = [r for r in rows if r["zoo_name"] == "conv" and "threads" in r]
     if not gemms:
         return
-    print("\none-GEMM programs: implied R = paired ratio * vnni_eff / amx_eff")
-    print(f"{'gemm MxNxK':22} {'MMAC':>7} {'amx_eff':>7} {'vnni_eff':>8} "
+    print("\none-convolution programs: implied R = paired ratio * vnni_eff / amx_eff")
+    print(f"{'conv MxNxK':22} {'MMAC':>7} {'amx_eff':>7} {'vnni_eff':>8} "
           + " ".join(f"{f'ms AMX/VNNI t{t}':>20} {'paired':>6} {'R':>6}" for t in thread_counts))
     for r in gemms:
         cols = []
@@ -373,7 +416,7 @@ def _gemm_table(rows: list[dict], thread_counts: list[int]) -> None:
             s = r["threads"][str(t)]
             s["implied_r"] = round(s["paired_ratio"] * r["vnni_eff"] / r["amx_eff"], 3)
             cols.append(f"{s['amx_ms']:9.3f}/{s['vnni_ms']:<10.3f} {s['paired_ratio']:6.3f} {s['implied_r']:6.3f}")
-        print(f"{r['model'][5:]:22} {r['gemm_macs'] / 1e6:7.1f} {r['amx_eff']:7.3f} {r['vnni_eff']:8.3f} "
+        print(f"{r['model']:22} {r['gemm_macs'] / 1e6:7.1f} {r['amx_eff']:7.3f} {r['vnni_eff']:8.3f} "
               + " ".join(cols))
 
 
@@ -386,6 +429,8 @@ def main() -> None:
                         help="more rows at another input size, e.g. resnet18@112")
     parser.add_argument("--gemms", nargs="*", default=[], metavar="MxNxK",
                         help="one-GEMM programs (a 1x1 convolution; M a square number), e.g. 3136x64x576")
+    parser.add_argument("--convs", nargs="*", default=[], metavar="SIDExCINxCOUTxKERNEL",
+                        help="one-convolution programs, e.g. 56x64x64x3 (the row shows its GEMM: M x N x K)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--runs", type=int, default=30, help="timed calls per child (at least)")
     parser.add_argument("--warmup", type=int, default=5)
@@ -395,7 +440,7 @@ def main() -> None:
     if amx_permitted() is None:
         parser.error("needs Linux x86-64 (AMX permission is asked of Linux)")
     todo = ([(m, None) for m in args.models] + [(e.split("@")[0], int(e.split("@")[1])) for e in args.extra]
-            + [("gemm", tuple(int(d) for d in g.split("x"))) for g in args.gemms])
+            + [_conv_spec(g, parser, True) for g in args.gemms] + [_conv_spec(c, parser, False) for c in args.convs])
     rows = []
     load0 = os.getloadavg()
     children: dict[str, Child] = {}
@@ -411,14 +456,18 @@ def main() -> None:
             c.close()
     _table(rows, args.r, args.threads)
     _gemm_table(rows, args.threads)
-    fits = [fit([r for r in rows if r["zoo_name"] != "gemm"], str(t)) for t in args.threads]
+    fits = [fit([r for r in rows if r["zoo_name"] != "conv"], str(t), args.r) for t in args.threads]
     for f in fits:
-        print(f"\nfit at {f['threads']} thread(s): {len(f['models'])} clear models, ties: {', '.join(f['ties']) or '-'}")
-        for feature in ("R", "mean_n", "mean_k", "gemm_macs", "amx_eff", "depthwise_mac_share"):
-            if feature in f:
-                g = f[feature]
-                print(f"  {feature:20} threshold {g['threshold']:<12g} errors {g['errors']}/{g['models']}  "
-                      f"interval {g['interval']}  margin {g['margin']}")
+        print(f"\nrules at {f['threads']} thread(s), over {len(f['rows'])} models with a GEMM (errors among those "
+              f"with a clear winner; regret: time lost against the faster kernels, by the paired ratio); "
+              f"ties: {', '.join(f['ties']) or '-'}")
+        for name in ("R", f"R={args.r}", "always AMX", "always VNNI", *(k for k, _ in FEATURES)):
+            if name in f:
+                g = f[name]
+                cut = (f"threshold {g['threshold']:<10.4g} in {g['interval']} (margin {g['margin']})"
+                       if "threshold" in g else "")
+                print(f"  {name:20} errors {g['errors']:2}/{g['clear']:<2} regret mean {g['mean_regret_pct']:5.2f}% "
+                      f"max {g['max_regret_pct']:6.1f}%  {cut}")
     load1 = os.getloadavg()
     print(f"\nload average (1, 5, 15 min) {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} -> "
           f"{load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} on {os.cpu_count()} CPUs")
