@@ -68,7 +68,7 @@ GENERIC = f"host graph input #0 %x: is declared {WIDE}, but partition 'p0' reads
 @pytest.mark.parametrize("target,message", [
     ("litert", GENERIC),
     ("tflm", "partition 'p0' payload: its boundary types differ from its subgraph's"),   # its backend's own check
-])
+], ids=["litert", "tflm"])
 def test_a_range_widened_everywhere_but_in_the_partition_is_refused(target, message):
     """The payload of these targets holds no range of its own: only the partition's subgraph tells."""
     data = program_to_bytes(lower_graph(_matmul(), target))
