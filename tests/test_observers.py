@@ -207,6 +207,19 @@ def test_c_squared_errors_are_the_sums_in_order_bit_for_bit(step):
         assert np.array_equal(got.numpy(), want), (qmin, qmax, got.numpy() - want)
 
 
+def test_points_summed_directly_in_place_are_the_expression_bit_for_bit():
+    """Where the codes outnumber the points (int16), each candidate's error is the sum over the points, computed
+    in place: exactly what the expression computes."""
+    g = torch.Generator().manual_seed(9)
+    points = torch.linspace(-3.0, 40.0, 2001, dtype=torch.float64)
+    weights = torch.randint(0, 50, (2001,), generator=g).double() * (torch.rand(2001, generator=g) < 0.5)
+    scale = torch.cat([43.0 / 65535 * ACT_GRID.double(), 40.0 / 32767.5 * ACT_GRID.double()])
+    zero = torch.cat([torch.full((39,), -32768 + 2860.0), torch.zeros(39)])
+    s, z = scale[:, None], zero[:, None]
+    want = (((torch.clamp(torch.round(points / s) + z, -32768, 32767) - z) * s - points) ** 2 * weights).sum(1)
+    assert torch.equal(_squared_errors(points, weights, scale, zero, -32768, 32767), want)
+
+
 def _adversarial_states(seed: int):
     """Seeded histogram states (counts on the grid ``(e, origin)`` and the extremes): random counts, a few spikes
     among empty bins, everything in one bin, one bin holding all but a few values, two equal bins at the ends,

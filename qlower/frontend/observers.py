@@ -232,8 +232,10 @@ def _squared_errors(points: torch.Tensor, weights: torch.Tensor, scale: torch.Te
     if codes >= len(points) or len(points) < 2:
         for start in range(0, len(scale), 64):  # [64, points] at a time: bounded memory
             s, z = scale[start:start + 64, None], zero[start:start + 64, None]
-            q = torch.clamp(torch.round(points / s) + z, qmin, qmax)
-            errors[start:start + 64] = (((q - z) * s - points) ** 2 * weights).sum(1)
+            # ((clamp(round(p / s) + z) - z) * s - p) ** 2 * w in place: one buffer, not eight (each one a fresh
+            # mapping of megabytes, whose page faults cost more than the arithmetic), the same operations
+            e = torch.div(points, s).round_().add_(z).clamp_(qmin, qmax)
+            errors[start:start + 64] = e.sub_(z).mul_(s).sub_(points).pow_(2).mul_(weights).sum(1)
         return errors
     first, step = float(points[0]), float(points[1] - points[0])
     zero_ = torch.zeros(1, dtype=torch.float64)
