@@ -277,6 +277,20 @@ class _Undeclared(Rewrite):
         return Rewritten(self.backend.rewrite(graph, self.target))
 
 
+def boundary_types_problem(subgraph: Graph, payload: Payload) -> str | None:
+    """Why a loaded ``payload``'s declared input/output types are not its ``subgraph``'s, or None. A
+    .tflite holds scales and zero points but no codes' range, so a widened range passes every byte check."""
+    for side, declared, values in (("input", payload.input_types, subgraph.inputs),
+                                   ("output", payload.output_types, subgraph.outputs)):
+        if len(declared) != len(values):
+            return f"its boundary types differ from its subgraph's: {len(declared)} {side}s, the subgraph has {len(values)}"
+        for i, (t, v) in enumerate(zip(declared, values)):
+            if t != v.type:
+                return (f"its boundary types differ from its subgraph's: {side} #{i} is declared {t}, the subgraph's "
+                        f"%{v.name} is {v.type} (a .tflite holds no codes' range to tell)")
+    return None
+
+
 def check_payload_inputs(payload: Payload, inputs: Sequence[np.ndarray], what: str) -> list[np.ndarray]:
     """``inputs`` as contiguous arrays of the payload's input types (float inputs converted);
     an InputError naming ``what`` (e.g. "the partition") and the input otherwise."""

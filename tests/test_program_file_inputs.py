@@ -61,20 +61,16 @@ def _codes(rng, k: int = 16):
     return x, y
 
 
-GENERIC = f"host graph input #0 %x: is declared {WIDE}, but partition 'p0' reads it as its input #0, lowered and " \
-          f"verified for {NARROW}"
 
-
-@pytest.mark.parametrize("target,message", [
-    ("litert", GENERIC),
-    ("tflm", "partition 'p0' payload: its boundary types differ from its subgraph's"),   # its backend's own check
-], ids=["litert", "tflm"])
-def test_a_range_widened_everywhere_but_in_the_partition_is_refused(target, message):
+@pytest.mark.parametrize("target", ["litert", "tflm"])
+def test_a_range_widened_everywhere_but_in_the_partition_is_refused(target):
     """The payload of these targets holds no range of its own: only the partition's subgraph tells."""
     data = program_to_bytes(lower_graph(_matmul(), target))
     x, y = _codes(np.random.default_rng(1))
     with pytest.raises(InputError, match="holds -128 at index"):
         program_from_bytes(data).run(x, y)
+    message = ("partition 'p0' payload: its boundary types differ from its subgraph's: input #0 is declared "
+               f"{WIDE.split(' (')[0]}, the subgraph's %x is {NARROW}")   # the backend's own load check
     with pytest.raises(InvalidProgramError, match=re.escape(message)):
         program_from_bytes(edit_header(data, _widen("host", "source", "delegate", "payload")))
 

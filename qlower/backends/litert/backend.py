@@ -36,7 +36,7 @@ from qlower.backends.litert.verify import builtin_counts, loaded_payload_problem
 from qlower.backends.litert.xnnpack_add import XnnpackAdd, xnnpack_add_groups
 from qlower.backends.litert.xnnpack_mean import XnnpackMean
 from qlower.backends.threads import available_cores, check_threads
-from qlower.contract import Backend, Exporter, Payload, Verdict, check_payload_inputs
+from qlower.contract import Backend, Exporter, Payload, Verdict, boundary_types_problem, check_payload_inputs
 from qlower.errors import ConfigError, ExecutionError, InputError
 from qlower.ir import Graph, Op
 from qlower.ir.rewrite import Rewrite
@@ -143,7 +143,7 @@ class LiteRtBackend(Backend):
         return problem
 
     def check_loaded(self, subgraph: Graph, payload: Payload) -> str | None:
-        return loaded_payload_problem(subgraph, payload)
+        return loaded_payload_problem(subgraph, payload) or boundary_types_problem(subgraph, payload)
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         return _run(payload, inputs, ())[0]

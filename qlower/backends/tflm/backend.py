@@ -28,7 +28,15 @@ from qlower.backends.tflm.interface import Io, boundary_reasons, int8_interface
 from qlower.backends.tflm.mean import TflmMean
 from qlower.backends.tflm.rounding import TflmKernelRounding
 from qlower.backends.tflm.settle import settled_reasons
-from qlower.contract import Backend, CostReport, Exporter, Payload, Verdict, check_payload_inputs
+from qlower.contract import (
+    Backend,
+    CostReport,
+    Exporter,
+    Payload,
+    Verdict,
+    boundary_types_problem,
+    check_payload_inputs,
+)
 from qlower.errors import ExecutionError, InvalidProgramError
 from qlower.ir import Graph, Op
 from qlower.ir.rewrite import Rewrite
@@ -127,10 +135,7 @@ class TflmBackend(Backend):
             return str(e)
         if model != export_tflm(subgraph, description=description(subgraph)):
             return "the .tflite payload is not what qlower writes for its subgraph (altered after compilation)"
-        if payload.input_types != tuple(v.type for v in subgraph.inputs) \
-                or payload.output_types != tuple(v.type for v in subgraph.outputs):
-            return "its boundary types differ from its subgraph's (a .tflite holds no codes' range to tell)"
-        return saturating_problem(subgraph, payload)
+        return boundary_types_problem(subgraph, payload) or saturating_problem(subgraph, payload)
 
     def execute(self, payload: Payload, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         return self._run(payload, inputs, ())[0]
