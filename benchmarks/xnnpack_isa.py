@@ -52,6 +52,7 @@ from latency import GAP, _Load, amx_permitted, deny_amx, pin  # noqa: E402
 MODES = ("amx", "vnni")      # the child where AMX is granted, the one where it is refused
 AMX_TILE, VNNI_TILE = (16, 64, 64), (7, 16, 8)
 BLOCK_SECONDS = 0.01         # a turn's timed block lasts about this long (at least 3 calls)
+NEAR = 0.5                  # a threshold's near interval: cuts at most this much mean regret (%) above the best
 MIN_TURNS = 12              # turns at least, however many calls that makes
 
 
@@ -323,25 +324,27 @@ def _threshold(points: list[tuple[float, float, str | None]], high: str) -> dict
     regret over every point (then the fewest errors among clear winners). Gives the cut (their geometric mean),
     the interval of values it lies in, its margin (upper/lower end), the errors, the mean and worst regret."""
     values = sorted({v for v, _, _ in points})
-    best = None
+    cuts = []
     for i in range(len(values) + 1):
         lo = values[i - 1] if i else -math.inf
         hi = values[i] if i < len(values) else math.inf
-        amx_above = high == "amx"
-        choice = [(v > lo) == amx_above for v, _, _ in points]   # AMX chosen?
+        choice = [(v > lo) == (high == "amx") for v, _, _ in points]   # AMX chosen?
         regrets = [_regret(c, p) for c, (_, p, _) in zip(choice, points)]
         errors = sum(w is not None and (w == "amx") != c for c, (_, _, w) in zip(choice, points))
-        key = (round(sum(regrets) / len(regrets), 6), errors)
-        if best is None or key < best[0]:
-            best = (key, lo, hi, errors, regrets)
-    (_, _), lo, hi, errors, regrets = best
+        cuts.append((sum(regrets) / len(regrets), errors, lo, hi, regrets))
+    mean, errors, lo, hi, regrets = min(cuts, key=lambda c: (round(c[0], 6), c[1]))
+    # every cut whose mean regret is within NEAR of the best: how sharply the data place the threshold
+    near = [c for c in cuts if c[0] <= mean + math.log1p(NEAR / 100)]
     finite = lo > 0 and hi < math.inf
-    return {"threshold": round(math.sqrt(lo * hi), 4) if finite else (None if lo == -math.inf else lo),
-            "interval": [None if lo == -math.inf else round(lo, 4), None if hi == math.inf else round(hi, 4)],
-            "margin": round(hi / lo, 3) if finite else None,
+
+    def end(v: float) -> float | None:
+        return None if math.isinf(v) else round(v, 4)
+    return {"threshold": round(math.sqrt(lo * hi), 4) if finite else end(lo if hi == math.inf else hi),
+            "interval": [end(lo), end(hi)], "margin": round(hi / lo, 3) if finite else None,
+            "near_interval": [end(min(c[2] for c in near)), end(max(c[3] for c in near))],
             "errors": errors, "clear": sum(w is not None for _, _, w in points), "rows": len(points),
-            "mean_regret_pct": round(100 * (math.exp(sum(regrets) / len(regrets)) - 1), 2),
-            "max_regret_pct": round(100 * (math.exp(max(regrets)) - 1), 1)}
+            "mean_regret_pct": round(100 * math.expm1(mean), 2),
+            "max_regret_pct": round(100 * math.expm1(max(regrets)), 1)}
 
 
 def _rule(points: list[tuple[bool, float, str | None]]) -> dict:
@@ -420,6 +423,11 @@ def _gemm_table(rows: list[dict], thread_counts: list[int]) -> None:
               + " ".join(cols))
 
 
+def _write(path: Path, result: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1))
+
+
 def main() -> None:
     from qlower import zoo
 
@@ -441,8 +449,12 @@ def main() -> None:
         parser.error("needs Linux x86-64 (AMX permission is asked of Linux)")
     todo = ([(m, None) for m in args.models] + [(e.split("@")[0], int(e.split("@")[1])) for e in args.extra]
             + [_conv_spec(g, parser, True) for g in args.gemms] + [_conv_spec(c, parser, False) for c in args.convs])
-    rows = []
+    rows: list[dict] = []
     load0 = os.getloadavg()
+    result = {"benchmark": "xnnpack_isa", "threads": args.threads, "runs": args.runs, "warmup": args.warmup,
+              "r": args.r, "load_average_before": load0,
+              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
+                          "python": platform.python_version()}}
     children: dict[str, Child] = {}
     try:
         for m in MODES:
@@ -450,6 +462,7 @@ def main() -> None:
         for item in todo:
             t0 = time.perf_counter()
             rows.append(bench(children, item, args.threads, args.runs, args.warmup))
+            _write(args.out, {**result, "rows": rows, "complete": False})   # kept if a later row fails
             print(f"  {rows[-1]['model']}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     finally:
         for c in children.values():
@@ -464,20 +477,17 @@ def main() -> None:
         for name in ("R", f"R={args.r}", "always AMX", "always VNNI", *(k for k, _ in FEATURES)):
             if name in f:
                 g = f[name]
-                cut = (f"threshold {g['threshold']:<10.4g} in {g['interval']} (margin {g['margin']})"
-                       if "threshold" in g else "")
+                def num(v: float | None) -> str:
+                    return "-" if v is None else f"{v:.4g}"
+                cut = (f"threshold {num(g['threshold'])} in [{num(g['interval'][0])}, {num(g['interval'][1])}] "
+                       f"(margin {num(g['margin'])}; within {NEAR}% of its regret: [{num(g['near_interval'][0])}, "
+                       f"{num(g['near_interval'][1])}])" if "threshold" in g else "")
                 print(f"  {name:20} errors {g['errors']:2}/{g['clear']:<2} regret mean {g['mean_regret_pct']:5.2f}% "
                       f"max {g['max_regret_pct']:6.1f}%  {cut}")
     load1 = os.getloadavg()
     print(f"\nload average (1, 5, 15 min) {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f} -> "
           f"{load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f} on {os.cpu_count()} CPUs")
-    result = {"benchmark": "xnnpack_isa", "threads": args.threads, "runs": args.runs, "warmup": args.warmup,
-              "r": args.r, "load_average_before": load0, "load_average_after": load1,
-              "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                          "python": platform.python_version()},
-              "rows": rows, "fits": fits}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1))
+    _write(args.out, {**result, "load_average_after": load1, "rows": rows, "fits": fits, "complete": True})
     print(f"written to {args.out}")
 
 
