@@ -58,27 +58,21 @@ MIN_TURNS = 12              # turns at least, however many calls that makes
 
 # --- features ---------------------------------------------------------------------------------------------------
 def gemm_features(graph) -> dict:
-    """The GEMM-shape features of a graph (see the module docstring)."""
+    """The GEMM-shape features of a graph (see the module docstring); its GEMMs are those qlower's own cost
+    model counts (``xnnpack_isa.gemm_shapes``)."""
+    from qlower.backends.litert.xnnpack_isa import gemm_shapes
     from qlower.ir import DType
 
-    gemms, dw_macs, matmul_macs = [], 0, 0
+    gemms, dw_macs, matmul_macs = gemm_shapes(graph), 0, 0
     for op in graph.ops:
+        out = op.results[0].type if op.results else None
         if op.kind == "matmul":
-            a, out = op.operands[0].type, op.results[0].type
-            matmul_macs += math.prod(out.shape) * a.shape[-1]
-        if op.kind not in ("conv2d", "fully_connected") or op.operands[0].type.dtype != DType.INT8:
-            continue
-        w, out = op.operands[1].type, op.results[0].type
-        if op.kind == "fully_connected":
-            gemms.append((math.prod(out.shape[:-1]), w.shape[0], w.shape[1]))
-            continue
-        groups = op.attrs["groups"]
-        o, kh, kw, ci = w.shape
-        n, oh, ow, _ = out.shape
-        if groups > 1 and ci == 1 and o == groups:   # depthwise: XNNPACK's dwconv kernels
-            dw_macs += n * oh * ow * o * kh * kw
-            continue
-        gemms.extend([(n * oh * ow, o // groups, kh * kw * ci)] * groups)
+            matmul_macs += math.prod(out.shape) * op.operands[0].type.shape[-1]
+        elif (op.kind == "conv2d" and op.operands[0].dtype == DType.INT8 and op.attrs["groups"] > 1
+              and op.operands[1].type.shape[-1] == 1):
+            o, kh, kw, _ = op.operands[1].type.shape   # depthwise (one input channel a group): dwconv kernels
+            if o == op.attrs["groups"]:
+                dw_macs += math.prod(out.shape) * kh * kw
     macs = sum(m * n * k for m, n, k in gemms)
 
     def padded(tile):
