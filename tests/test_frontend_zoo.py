@@ -19,6 +19,7 @@ from qlower import zoo
 from qlower.frontend import capture_and_import
 from qlower.ir import verify_graph
 from qlower.reference import run_graph
+from qlower.testing import zoo_ci
 from qlower.testing.frontend import fake_quant_agreement
 
 SIZES = {"tiny_cnn": 16, "mobilenet_v2": 32, "resnet18": 32, "vit_block": 16, "s0_dynamic_biasless": 16,
@@ -35,7 +36,7 @@ def _params():
 
 @pytest.mark.parametrize("name", _params())
 def test_zoo_model_matches_fake_quant(name):
-    model, example, quant, calibration = zoo.get(name, SIZES.get(name))
+    model, example, quant, calibration = zoo_ci.get(name, SIZES.get(name))  # lstm_kws over 16 frames
     result = capture_and_import(model, example, quant, calibration, progress=False)
     verify_graph(result.graph)
     batches = [example] + list(calibration)[:4]

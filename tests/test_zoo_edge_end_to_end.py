@@ -5,7 +5,8 @@ optimised IR is then lowered for every target and run on the same seeded input,
 and each target's outputs must equal the reference interpreter's bit for bit.
 The verification report (fake-quant ↔ reference per layer, target ↔ reference)
 must be clean, with every layer matched to a model node. Reduced input sizes keep
-this within CI's budget; the models are the zoo's, unchanged.
+this within CI's budget (lstm_kws over its first 16 frames: qlower.testing.zoo_ci); the models are
+the zoo's, unchanged.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import numpy as np
 import pytest
 
 import qlower
-from qlower import zoo
 from qlower.api import lower_graph
 from qlower.reference import run_graph
+from qlower.testing import zoo_ci
 
 MODELS = {"mobilenet_v3_small": 32, "efficientnet_lite": 32, "convnext_block": 16, "timm_vit_tiny": 16,
           "mobilevit_block": 16, "unet_tiny": 16, "ds_cnn_kws": None, "lstm_kws": None}
@@ -27,7 +28,7 @@ TARGETS = ["cpu", "tosa-1.0+int", "ethos-u85-256", "ethos-u55-128", "vgf+int"]
 
 @functools.cache
 def _compiled(name: str):
-    model, example, quant, calibration = zoo.get(name, MODELS[name])
+    model, example, quant, calibration = zoo_ci.get(name, MODELS[name])
     prog = qlower.compile(model, example, target="reference", quant=quant, calibration=calibration, progress=False)
     inputs = [x.numpy() for x in example]
     return prog.source, inputs, run_graph(prog.source, inputs)
@@ -50,7 +51,7 @@ def test_edge_model_is_bit_exact_on_every_target(name: str, target: str):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
 def test_edge_model_verification_report_is_clean(name: str):
-    model, example, quant, calibration = zoo.get(name, MODELS[name])
+    model, example, quant, calibration = zoo_ci.get(name, MODELS[name])
     report = qlower.verify(model, example, target="tosa-1.0+int", quant=quant, calibration=calibration,
                            progress=False)
     assert report.ok, report.problems
