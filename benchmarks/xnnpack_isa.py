@@ -25,7 +25,8 @@ R that puts every model on its measured side (ties, whose paired IQR holds 1, le
 other features are tried as one-threshold rules on the same models.
 
     python benchmarks/xnnpack_isa.py [--models NAME ...] [--threads 1 2] [--runs 30] [--warmup 5] [--r 2.0]
-                                     [--extra mobilenet_v2@112 ...]
+                                     [--extra mobilenet_v2@112 ...] [--gemms MxNxK ...]
+                                     [--convs SIDExCINxCOUTxKERNEL ...]
 
 Prints a table and writes benchmarks/results/xnnpack_isa.json.
 """
