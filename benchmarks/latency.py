@@ -299,19 +299,16 @@ def bench_litert(name: str, runs: int, warmup: int, thread_counts: list[int], et
     return result
 
 
-_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA = 158, 0x1022, 0x1023, 18
 _small_stack = None   # deny_amx's signal stack, kept alive for the process
 
 
 def amx_permitted() -> bool | None:
-    """Whether this process may use AMX tiles (Linux x86-64; None elsewhere or when the kernel can't say)."""
+    """Whether this process may use AMX tiles (Linux x86-64; None elsewhere)."""
+    from qlower.backends.litert import xnnpack_isa
+
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return None
-    import ctypes
-    mask = ctypes.c_uint64(0)
-    if ctypes.CDLL(None, use_errno=True).syscall(_SYS_ARCH_PRCTL, _ARCH_GET_XCOMP_PERM, ctypes.byref(mask)) != 0:
-        return None
-    return bool(mask.value >> _XFEATURE_XTILEDATA & 1)
+    return xnnpack_isa.tiles_permitted()
 
 
 def deny_amx() -> bool:
@@ -330,6 +327,7 @@ def deny_amx() -> bool:
     stack = StackT(ctypes.cast(_small_stack, ctypes.c_void_p), 0, len(_small_stack))
     if libc.sigaltstack(ctypes.byref(stack), None) != 0:
         return False
+    from qlower.backends.litert.xnnpack_isa import _ARCH_REQ_XCOMP_PERM, _SYS_ARCH_PRCTL, _XFEATURE_XTILEDATA
     return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) != 0
 
 

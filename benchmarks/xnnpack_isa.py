@@ -50,8 +50,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from latency import GAP, _Load, amx_permitted, deny_amx, pin  # noqa: E402
 
+from qlower.backends.litert.xnnpack_isa import AMX_SPEEDUP, AMX_TILE, VNNI_TILE  # noqa: E402
+
 MODES = ("amx", "vnni")      # the child where AMX is granted, the one where it is refused
-AMX_TILE, VNNI_TILE = (16, 64, 64), (7, 16, 8)
 BLOCK_SECONDS = 0.01         # a turn's timed block lasts about this long (at least 3 calls)
 NEAR = 0.5                  # a threshold's near interval: cuts at most this much mean regret (%) above the best
 MIN_TURNS = 12              # turns at least, however many calls that makes
@@ -437,7 +438,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--runs", type=int, default=30, help="timed calls per child (at least)")
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--r", type=float, default=2.0, help="the cost model's AMX speed-up per padded MAC")
+    parser.add_argument("--r", type=float, default=AMX_SPEEDUP,
+                        help=f"the cost model's AMX speed-up per padded MAC (default qlower's, {AMX_SPEEDUP})")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "xnnpack_isa.json")
     args = parser.parse_args()
     if amx_permitted() is None:

@@ -48,11 +48,11 @@ def _conv_graph(hw: int, cin: int, cout: int, depthwise: bool = False):
 
 
 def test_cost_model_prefers_vnni_for_narrow_gemms_and_amx_for_wide_ones():
-    # 56x56x24 -> 16: M=3136, N=16, K=24. AMX pads N and K to 64: 3136*64*64 = 12.8M tile MACs, at half cost
-    # 6.4M; VNNI pads K to 24 (a multiple of 8) and nothing else: 3136*16*24 = 1.2M -> VNNI
+    # 56x56x24 -> 16: M=3136, N=16, K=24. AMX pads N and K to 64: 3136*64*64 = 12.8M tile MACs, at 1/1.6 of
+    # the cost 8.0M; VNNI pads K to 24 (a multiple of 8) and nothing else: 3136*16*24 = 1.2M -> VNNI
     assert xnnpack_isa.gemm_shapes(_conv_graph(56, 24, 16)) == [(3136, 16, 24)]
     assert xnnpack_isa.prefers_amx(_conv_graph(56, 24, 16)) is False
-    # 14x14x256 -> 256: M=196 (AMX: 208), N=K=256. AMX 208*256*256/2 = 6.8M; VNNI 196*256*256 = 12.8M -> AMX
+    # 14x14x256 -> 256: M=196 (AMX: 208), N=K=256. AMX 208*256*256/1.6 = 8.5M; VNNI 196*256*256 = 12.8M -> AMX
     assert xnnpack_isa.prefers_amx(_conv_graph(14, 256, 256)) is True
     # a depthwise conv runs on XNNPACK's dwconv kernels: no GEMM, XNNPACK's own default
     dw = _conv_graph(14, 32, 32, depthwise=True)
