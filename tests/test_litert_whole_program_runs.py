@@ -92,3 +92,32 @@ def test_a_plan_of_delegate_calls_only_leaves_torchs_thread_count_alone(prog, mo
     plan = prepare(b.build([b.op("maximum", v, b.constant(np.zeros(4, np.float32)))]), threads=wanted)
     np.testing.assert_array_equal(plan.run([np.array([-1, 0, 2, -3], np.float32)])[0], [0, 0, 2, 0])
     assert calls == [wanted, before] and torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("native_kernels", [True, False])
+def test_the_input_fill_copies_and_finds_every_non_finite_value(monkeypatch, native_kernels):
+    """The fused copy-and-check (native) and its fallback: the copy is bit for bit, and NaN (any payload or
+    sign), +-infinity anywhere, the vector tail included, is found; the largest finite values, subnormals and
+    -0.0 are not."""
+    from qlower.backends.cpu import native
+    from qlower.backends.litert.backend import _fill
+
+    if native_kernels:
+        assert native.load() is not None, native.unavailable_reason()
+    else:
+        monkeypatch.setattr(native, "load", lambda: None)
+    rng = np.random.default_rng(SEED)
+    edge = np.array([np.finfo(np.float32).max, -np.finfo(np.float32).max, np.finfo(np.float32).smallest_subnormal,
+                     -0.0], np.float32)
+    odd_nan = np.array([0x7FC00001, 0xFFFFFFFF, 0x7F800001], np.uint32).view(np.float32)
+    for n in (1, 15, 16, 17, 1000, 150531):
+        x = rng.standard_normal(n).astype(np.float32) * 1e3
+        x[rng.integers(0, n, min(n, 4))] = edge[:min(n, 4)]
+        buffer = np.full(n, 7.0, np.float32)
+        assert _fill(buffer, x) is True
+        np.testing.assert_array_equal(buffer.view(np.uint32), x.view(np.uint32))
+        for bad in (np.inf, -np.inf, np.nan, *odd_nan):
+            for where in {0, n // 2, n - 1}:
+                y = x.copy()
+                y[where] = bad
+                assert _fill(np.empty(n, np.float32), y) is False, (n, where, bad)

@@ -540,6 +540,19 @@ int64_t qlw_quantize_f32_i8(const float *restrict x, int64_t n, const float *res
     return nan;
 }
 
+/* dst = src over n float32s, by bit pattern; returns 1 when every value is finite, 0 when one is NaN or
+ * +-infinity (all exponent bits set). One pass: a runtime's input buffer is filled and checked while the
+ * data streams through, instead of a copy and a second read. Single-threaded (a few hundred KB). */
+int64_t qlw_copy_finite_f32(uint32_t *restrict dst, const uint32_t *restrict src, int64_t n) {
+    uint32_t top = 0;   /* the largest exponent field: all ones only for NaN and infinity (vectorizes as a max) */
+    for (int64_t i = 0; i < n; i++) {
+        const uint32_t v = src[i], e = v & 0x7f800000u;
+        dst[i] = v;
+        top = e > top ? e : top;
+    }
+    return top != 0x7f800000u;
+}
+
 /* NCHW -> NHWC of an int8 tensor (a model's input after its quantize): y[n, p, c] = x[n, c, p] over the
  * P = H * W pixels. Three channels (images) go 64 pixels at a time through two byte permutes per 64 output
  * bytes (AVX-512 VBMI); anything else, and the last P % 64 pixels, element by element. */

@@ -20,6 +20,7 @@ import threading
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import qlower.native_build as native_build
@@ -67,6 +68,8 @@ class NativeKernels:
         self._maxpool.argtypes, self._maxpool.restype = [p, p, p], None
         self._quantize = lib.qlw_quantize_f32_i8
         self._quantize.argtypes, self._quantize.restype = [p, i64, p, p], i64
+        self._copy_finite = lib.qlw_copy_finite_f32
+        self._copy_finite.argtypes, self._copy_finite.restype = [p, p, i64], i64
         self._to_nhwc = lib.qlw_nchw_to_nhwc_i8
         self._to_nhwc.argtypes, self._to_nhwc.restype = [p, i64, i64, i64, p], None
         self._lut2 = lib.qlw_lut2_i8
@@ -127,6 +130,13 @@ class NativeKernels:
               out: torch.Tensor) -> None:
         """int8 ``x`` [M, K] times VNNI-packed weights, requantized to int8 ``out`` [M, n] (qgemm.py)."""
         self._qgemm(_ptr(x), x.shape[0], x.shape[1], n, _ptr(w), _ptr(chan), _ptr(scalars), _ptr(out))
+
+    def copy_finite(self, dst: np.ndarray, src: np.ndarray) -> bool:
+        """Copy C-contiguous float32 ``src`` into ``dst`` (same size); False when ``src`` holds NaN or infinity."""
+        if not (src.dtype == dst.dtype == np.float32 and src.size == dst.size and src.flags.c_contiguous
+                and dst.flags.c_contiguous and dst.flags.writeable):
+            raise ValueError("copy_finite takes two C-contiguous float32 arrays of one size, the first writable")
+        return self._copy_finite(dst.ctypes.data, src.ctypes.data, src.size) == 1
 
     def nchw_to_nhwc(self, x: torch.Tensor, out: torch.Tensor) -> None:
         """int8 ``x`` [N, C, H, W] (contiguous) to ``out`` [N, H, W, C]."""

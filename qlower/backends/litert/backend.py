@@ -29,6 +29,7 @@ from typing import Literal
 
 import numpy as np
 
+from qlower.backends.cpu import native
 from qlower.backends.litert import rounding, xnnpack_isa
 from qlower.backends.litert.export import GEMMS, export_tflite, fused_pairs, unsupported_reason
 from qlower.backends.litert.fused_add import TfliteAdd, add_groups
@@ -236,6 +237,18 @@ def _interpreter(payload: Payload, keep_all: bool) -> _Interpreter:
     return made
 
 
+def _fill(buffer: np.ndarray, x: np.ndarray) -> bool:
+    """Copy ``x`` into ``buffer``; False when float ``x`` holds NaN or infinity. Float32 copies and checks in one
+    pass of the native kernels where they are built (a second read of the input is ~1.5% of a MobileNetV2
+    run); else the copy, then min and max of the copy (NaN and infinity carry into them)."""
+    if x.dtype == np.float32 and x.flags.c_contiguous and buffer.flags.c_contiguous:
+        kernels = native.load()
+        if kernels is not None:
+            return kernels.copy_finite(buffer, x)
+    buffer[...] = x
+    return x.dtype.kind != "f" or not x.size or bool(np.isfinite(buffer.min()) & np.isfinite(buffer.max()))
+
+
 def _run(payload: Payload, inputs: Sequence[np.ndarray], traced: tuple[str, ...]
          ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     arrays = check_payload_inputs(payload, inputs, "the LiteRT partition")
@@ -248,11 +261,9 @@ def _run(payload: Payload, inputs: Sequence[np.ndarray], traced: tuple[str, ...]
             if tuple(d["shape"]) != x.shape or np.dtype(d["dtype"]) != x.dtype:
                 raise ExecutionError(f"the model's input {d['name']} is {d['dtype'].__name__}{list(d['shape'])}, "
                                      f"the payload declares {x.dtype}{list(x.shape)}")
-            # one copy into the interpreter's own buffer (set_tensor copies a read-only array once more first),
-            # checked there, where the copy left it in cache: NaN and infinity carry into min and max
+            # one copy into the interpreter's own buffer (set_tensor copies a read-only array once more first)
             buffer = it.it.tensor(d["index"])()
-            buffer[...] = x
-            finite = x.dtype.kind != "f" or not x.size or bool(np.isfinite(buffer.min()) & np.isfinite(buffer.max()))
+            finite = _fill(buffer, x)
             del buffer   # no view of LiteRT's buffers outlives this step
             if not finite:
                 raise InputError(f"input {i} of the LiteRT partition holds NaN or infinity")
