@@ -81,39 +81,49 @@ def export_pte(python: Path, model: torch.nn.Module, calibration, example) -> tu
     return pte, inputs
 
 
-class Server:
-    """One .pte in ExecuTorch's Python runtime in the side venv: thread count and timed calls on request."""
+class JsonLinesChild:
+    """A child process answering one JSON line per command line on its stdin (the benchmarks' servers)."""
 
-    def __init__(self, python: Path, pte: Path, inputs: Path) -> None:
-        self.proc = subprocess.Popen([str(python), str(SCRIPT), "serve", str(pte), str(inputs)], cwd=REPO,
-                                     env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
-        self._reply()
+    what = "the child"
+
+    def __init__(self, argv: list[str], **popen) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, **popen)
+        self.hello = self._reply()
 
     def _reply(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
-            raise RuntimeError(f"the ExecuTorch runtime exited (code {self.proc.poll()})")
+            raise RuntimeError(f"{self.what} exited (code {self.proc.wait()})")
         return json.loads(line)
 
-    def _ask(self, command: str) -> dict:
+    def ask(self, command: str) -> dict:
         self.proc.stdin.write(command + "\n")
         self.proc.stdin.flush()
         return self._reply()
 
+
+class Server(JsonLinesChild):
+    """One .pte in ExecuTorch's Python runtime in the side venv: thread count and timed calls on request."""
+
+    what = "the ExecuTorch runtime"
+
+    def __init__(self, python: Path, pte: Path, inputs: Path) -> None:
+        super().__init__([str(python), str(SCRIPT), "serve", str(pte), str(inputs)], cwd=REPO, env=_env(),
+                         stderr=subprocess.DEVNULL)
+
     def set_threads(self, n: int) -> None:
-        self._ask(f"threads {n}")
+        self.ask(f"threads {n}")
 
     def run(self, n: int) -> list[tuple[float, float]]:
         """``n`` timed calls: (wall seconds, the server's CPU seconds, every thread's) each."""
-        reply = self._ask(f"run {n}")
+        reply = self.ask(f"run {n}")
         return list(zip(reply["times"], reply["cpu"]))
 
     def output(self) -> np.ndarray:
         """The model's output on the input file."""
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp, "output.npy")
-            self._ask(f"output {path}")
+            self.ask(f"output {path}")
             return np.load(path)
 
     def close(self) -> None:

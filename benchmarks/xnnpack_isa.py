@@ -39,7 +39,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +47,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from executorch_column import JsonLinesChild  # noqa: E402
 from latency import GAP, _Load, amx_permitted, deny_amx, pin  # noqa: E402
 
 from qlower.backends.litert.xnnpack_isa import AMX_SPEEDUP, AMX_TILE, VNNI_TILE  # noqa: E402
@@ -141,26 +141,15 @@ def serve(mode: str) -> None:
         print(json.dumps(reply), flush=True)
 
 
-class Child:
+class Child(JsonLinesChild):
+    what = "child"
+
     def __init__(self, mode: str):
         env = dict(os.environ, QLOWER_XNNPACK_AMX="1", TF_CPP_MIN_LOG_LEVEL="2")
-        self.proc = subprocess.Popen([sys.executable, __file__, "--serve", mode], env=env, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.hello = self._reply()
+        super().__init__([sys.executable, __file__, "--serve", mode], env=env)
         if mode == "vnni" and self.hello["refused"] is not True:
             self.close()
             raise RuntimeError("AMX could not be refused in the VNNI child (granted already, or not Linux x86-64)")
-
-    def _reply(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"child exited with {self.proc.wait()}")
-        return json.loads(line)
-
-    def ask(self, line: str) -> dict:
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-        return self._reply()
 
     def close(self) -> None:
         self.proc.stdin.close()
