@@ -9,6 +9,7 @@ partial library.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -17,7 +18,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ["build_library", "compiler"]
+__all__ = ["build_library", "compiler", "cpu_flags"]
 
 
 def compiler() -> str | None:
@@ -25,12 +26,19 @@ def compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
 
 
+@functools.cache
 def _cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
             return next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
         return platform.processor() or platform.machine()
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux lists them (/proc/cpuinfo; empty where it can't be read)."""
+    line = _cpu_flags()
+    return frozenset(line.split(":", 1)[1].split()) if ":" in line else frozenset()
 
 
 def build_library(source: Path, flags: tuple[str, ...], folder: str, cc: str) -> Path:

@@ -91,20 +91,13 @@ class Runner:
     def _run_whole(self, part: Partition, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """What the plan computes for a one-call host graph, with the plan's checks: inputs as the graph
         types them (InputError naming the input), read-only to the backend, outputs of the declared types."""
-        arrays = []
-        for x in check_inputs(self.host, inputs):
-            view = x.view()
-            view.flags.writeable = False   # the backend reads the caller's array, never writes it
-            arrays.append(view)
+        from qlower.backends.cpu.plan import partition_outputs_problem, read_only
+
+        arrays = [read_only(x) for x in check_inputs(self.host, inputs)]
         outs = list(self.backends[part.backend].execute(part.payload, arrays))
-        types = [v.type for v in self.host.outputs]
-        if len(outs) != len(types):
-            raise ExecutionError(f"partition '{part.name}' returned {len(outs)} arrays, expected {len(types)}")
-        for i, (y, t) in enumerate(zip(outs, types)):
-            if not isinstance(y, np.ndarray) or tuple(y.shape) != t.shape or y.dtype != t.dtype.numpy:
-                y = np.asarray(y)
-                raise ExecutionError(f"partition '{part.name}' output {i} is {y.dtype}{list(y.shape)}, "
-                                     f"expected {t}")
+        problem = partition_outputs_problem(part.name, outs, [v.type for v in self.host.outputs])
+        if problem is not None:
+            raise ExecutionError(problem)
         return [np.array(y, copy=True) for y in outs]   # the caller's own, as the plan returns them
 
     def run_traced(self, inputs: Sequence[np.ndarray]) -> dict[str, np.ndarray]:

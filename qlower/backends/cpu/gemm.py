@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+import qlower.native_build as native_build
 from qlower.backends.cpu import weights_cache
 from qlower.backends.cpu.tensor_utils import INT32_MAX, check_int32
 from qlower.errors import UnsupportedOpError
@@ -50,12 +51,7 @@ def int_mm_exact() -> bool:
     if not hasattr(torch, "_int_mm"):
         return False
     if platform.machine().lower() in ("x86_64", "amd64"):
-        try:
-            with open("/proc/cpuinfo") as f:
-                flags = next((line for line in f if line.startswith("flags")), "").split()
-        except OSError:
-            return False
-        if not {"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags):
+        if not {"avx512_vnni", "avx_vnni", "amx_int8"} & native_build.cpu_flags():
             return False
     rng = np.random.default_rng(1234)
     try:

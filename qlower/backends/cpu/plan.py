@@ -60,21 +60,31 @@ def _delegate_kernel(op: Op, delegates: Mapping[str, Delegate] | None) -> Kernel
                                  f"delegates={{'{name}': fn}} to qlower.backends.cpu.prepare")
     fn, types = delegates[name], op.attrs["out_types"]
 
-    def read_only(x: torch.Tensor) -> np.ndarray:
-        view = x.numpy().view()
-        view.flags.writeable = False  # the executor reads values the plan may still use
-        return view
-
     def run(xs: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-        outs = list(fn([read_only(x) for x in xs]))
-        if len(outs) != len(types):
-            raise execution_error(op, f"partition '{name}' returned {len(outs)} arrays, expected {len(types)}")
-        for i, (y, t) in enumerate(zip(outs, types)):
-            y = np.asarray(y)
-            if tuple(y.shape) != t.shape or y.dtype != t.dtype.numpy:
-                raise execution_error(op, f"partition '{name}' output {i} is {y.dtype}{list(y.shape)}, expected {t}")
+        outs = list(fn([read_only(x.numpy()) for x in xs]))   # the executor reads values the plan may still use
+        problem = partition_outputs_problem(name, outs, types)
+        if problem is not None:
+            raise execution_error(op, problem)
         return tuple(to_tensor(np.asarray(y)) for y in outs)
     return run
+
+
+def read_only(x: np.ndarray) -> np.ndarray:
+    """A view of ``x`` that can't write it (what a partition's executor is handed)."""
+    view = x.view()
+    view.flags.writeable = False
+    return view
+
+
+def partition_outputs_problem(name: str, outs: Sequence, types: Sequence) -> str | None:
+    """Why the arrays partition ``name`` returned are not of its declared output ``types``; None when they are."""
+    if len(outs) != len(types):
+        return f"partition '{name}' returned {len(outs)} arrays, expected {len(types)}"
+    for i, (y, t) in enumerate(zip(outs, types)):
+        y = np.asarray(y)
+        if tuple(y.shape) != t.shape or y.dtype != t.dtype.numpy:
+            return f"partition '{name}' output {i} is {y.dtype}{list(y.shape)}, expected {t}"
+    return None
 
 
 class CpuPlan:

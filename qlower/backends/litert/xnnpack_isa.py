@@ -28,6 +28,7 @@ import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
+import qlower.native_build as native_build
 from qlower.errors import ConfigError
 from qlower.ir import DType, Graph
 
@@ -88,16 +89,7 @@ def _wanted(preference: bool) -> tuple[bool, str]:
 @functools.cache
 def cpu_has_amx() -> bool:
     """Whether this CPU has AMX int8 tiles (Linux x86-64; False elsewhere)."""
-    if platform.system() != "Linux" or platform.machine() != "x86_64":
-        return False
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "amx_int8" in line.split()
-    except OSError:
-        pass
-    return False
+    return platform.system() == "Linux" and platform.machine() == "x86_64" and "amx_int8" in native_build.cpu_flags()
 
 
 # --- the filter: refuse arch_prctl(ARCH_REQ_XCOMP_PERM, ...) on the calling thread only --------------------
